@@ -1,0 +1,103 @@
+"""The ``exercise`` directive: a box on a chapter page that sends the reader to the chapter's notebook.
+
+    ```{exercise} 01-tokens
+    Optional text, parsed as MyST: what the notebook asks you to build.
+    ```
+
+renders a "Launch on Binder" link for ``notebooks/01-tokens/01-tokens.ipynb``, a link to that notebook's
+page in this book and one line on checking the work locally. The Binder URL is built from the settings
+the theme's own launch buttons use (``launch_buttons`` and ``repository`` in ``_config.yml``), so the two
+cannot disagree. A missing notebook or a notebook page left out of ``_toc.yml`` is a build warning, which
+``-W`` turns into an error.
+"""
+from pathlib import Path
+from urllib.parse import quote, urlparse
+
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.errors import ConfigError
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
+
+# The same prefixes sphinx-book-theme uses for its launch buttons.
+INTERFACE_PREFIXES = {"classic": "tree", "jupyterlab": "lab/tree"}
+
+
+def binder_url(theme_options: dict, path_in_repo: str) -> str:
+    """Binder link that opens ``path_in_repo`` (relative to the repository root)."""
+    launch = theme_options.get("launch_buttons", {})
+    binderhub = launch.get("binderhub_url", "").strip("/")
+    repo_url = theme_options.get("repository_url", "").rstrip("/")
+    if not binderhub or not repo_url:
+        raise ConfigError("exercise: set launch_buttons.binderhub_url and repository.url in _config.yml")
+    interface = launch.get("notebook_interface", "classic")
+    if interface not in INTERFACE_PREFIXES:
+        raise ConfigError(f"exercise: notebook_interface must be one of {sorted(INTERFACE_PREFIXES)}")
+    branch = theme_options.get("repository_branch") or "master"  # the theme's default too
+
+    parsed = urlparse(repo_url)
+    if parsed.netloc == "github.com":
+        org, repo = parsed.path.strip("/").removesuffix(".git").split("/")[:2]
+        spec = f"gh/{org}/{repo}/{branch}"
+    else:
+        spec = f"git/{quote(repo_url, safe='')}/{branch}"
+    return f"{binderhub}/v2/{spec}?urlpath={INTERFACE_PREFIXES[interface]}/{path_in_repo}"
+
+
+class ExerciseDirective(SphinxDirective):
+    required_arguments = 1  # the exercise name, e.g. 01-tokens
+    has_content = True
+
+    def run(self) -> list[nodes.Node]:
+        name = self.arguments[0]
+        docname = f"notebooks/{name}/{name}"  # relative to the book root
+        notebook = f"{docname}.ipynb"
+        if not Path(self.env.srcdir, notebook).is_file():
+            logger.warning(f"exercise {name!r}: {notebook} does not exist", location=self.get_location())
+
+        theme_options = self.config.html_theme_options
+        book_path = theme_options.get("path_to_docs", "").strip("/")
+        path_in_repo = f"{book_path}/{notebook}" if book_path else notebook
+
+        box = nodes.admonition(classes=["exercise"])
+        box += nodes.title(text=f"Exercise: {name}")
+        self.set_source_info(box)
+        if self.content:
+            self.state.nested_parse(self.content, self.content_offset, box)
+
+        launch = nodes.reference(
+            "",
+            "Launch on Binder",
+            refuri=binder_url(theme_options, path_in_repo),
+            # sd-btn: sphinx-design, loaded by Jupyter Book, draws it as a button.
+            classes=["binder-exercise-link", "sd-btn", "sd-btn-primary"],
+        )
+        page = addnodes.pending_xref(
+            "",
+            nodes.inline("", "read the notebook here", classes=["xref", "std", "std-doc"]),
+            refdomain="std",
+            reftype="doc",
+            reftarget=f"/{docname}",
+            refexplicit=True,
+            refwarn=True,
+            refdoc=self.env.docname,
+        )
+        box += nodes.paragraph("", "", launch, nodes.Text(" or "), page, nodes.Text("."))
+
+        check = self.config.exercise_check_command.format(path=path_in_repo)
+        box += nodes.paragraph(
+            "",
+            "",
+            nodes.Text("To check your work on your own machine, run "),
+            nodes.literal(text=check),
+            nodes.Text(" from the repository root: it runs the notebook and reports the tests that fail."),
+        )
+        return [box]
+
+
+def setup(app):
+    app.add_config_value("exercise_check_command", "nbgrader validate {path}", "env", [str])
+    app.add_directive("exercise", ExerciseDirective)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,67 @@
+"""Readable checks for the tests learners run and the autograder calls.
+
+A failed check says what was called, what came back, what was expected and, where we can tell, why:
+"pre_split(\"I'll\") returned ['I', \"'\", 'll'], expected ['I', \"'ll\"]" rather than a bare AssertionError.
+"""
+from __future__ import annotations
+
+import reprlib
+
+_short = reprlib.Repr()
+_short.maxstring = 80
+_short.maxother = 80
+_short.maxlist = 12
+_short.maxdict = 6
+_short.maxlevel = 3
+
+
+def show(value) -> str:
+    """A repr short enough for one line of feedback."""
+    if isinstance(value, dict) and len(value) > _short.maxdict:
+        return f"<dict of {len(value)} entries>"  # reprlib would sort all of them first: slow on 50,000 ranks
+    return _short.repr(value)
+
+
+def describe_call(name: str, args=(), kwargs=None) -> str:
+    parts = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in (kwargs or {}).items()]
+    return f"{name}({', '.join(parts)})"
+
+
+def call(fn, *args, name: str | None = None, **kwargs):
+    """Call a learner's function; turn "not written yet" and crashes into messages that name the call."""
+    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
+    except Exception as err:  # the learner's bug, reported with the call that triggered it
+        raise AssertionError(f"{label} raised {type(err).__name__}: {err}") from err
+
+
+def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs):
+    """Check ``fn(*args, **kwargs) == want``; on failure say what came back and, if given, a hint."""
+    got = call(fn, *args, name=name, **kwargs)
+    if got != want:
+        label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+        fail(f"{label} returned {show(got)}, expected {show(want)}", hint)
+    return got
+
+
+def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: str | None = None, **kwargs):
+    """Check that ``fn(*args, **kwargs)`` raises ``exc_type`` (with ``match`` in its message)."""
+    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+    try:
+        got = fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
+    except exc_type as err:
+        if match and match not in str(err):
+            fail(f"{label} raised {type(err).__name__}({str(err)!r}), whose message should mention {match!r}", hint)
+        return err
+    except Exception as err:
+        fail(f"{label} raised {type(err).__name__}: {err}; expected {exc_type.__name__}", hint)
+    fail(f"{label} returned {show(got)}; expected it to raise {exc_type.__name__}", hint)
+
+
+def fail(message: str, hint: str = ""):
+    raise AssertionError(message + (f"\nHint: {hint}" if hint else ""))

@@ -1,0 +1,6 @@
+"""minigpt: a GPT built one chapter at a time (exported from solutions/ by minigpt-export)."""
+import coursekit  # noqa: F401  (points tiktoken at the offline GPT-2 files)
+
+from . import tokens
+
+__all__ = ['tokens']

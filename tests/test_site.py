@@ -1,0 +1,226 @@
+"""The built book, as a browser shows it.
+
+Builds the book once per session with the Makefile's command (``-W``: any warning fails the build), serves
+``_build/html`` on 127.0.0.1 and renders pages in headless Debian ``chromium``, which is told that every
+other host does not exist. So a formula that comes out typeset proves MathJax is served from the book
+itself, not from a CDN.
+"""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+CHAPTERS = [
+    entry["file"] for part in TOC["parts"] if part["caption"] == "Chapters" for entry in part["chapters"]
+]
+CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium"
+
+
+def build_command() -> list[str]:
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    return [str(jupyter_book), "build", "--all", "-W", "--keep-going", "."]
+
+
+@pytest.fixture(scope="session")
+def site() -> Path:
+    env = dict(
+        os.environ,
+        TIKTOKEN_CACHE_DIR=str(ROOT / "src" / "coursekit" / "data" / "tiktoken"),
+        HF_HUB_OFFLINE="1",
+    )
+    result = subprocess.run(
+        build_command(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert result.returncode == 0, f"book build failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    return HTML
+
+
+@pytest.fixture(scope="session")
+def base_url(site):
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(site)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        # "Serving HTTP on 127.0.0.1 port 40123 (http://127.0.0.1:40123/) ..."
+        line = server.stdout.readline()
+        port = re.search(r"port (\d+)", line)
+        assert port, f"http.server did not start: {line!r}"
+        yield f"http://127.0.0.1:{port.group(1)}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail(f"Debian chromium is needed for the site tests; install it with: {CHROMIUM_INSTALL}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def browse(chromium, base_url):
+    """browse(page, *flags) -> chromium's stdout for book page ``page`` (a docname such as book/01-tokens)."""
+
+    def run(page: str, *flags: str) -> str:
+        with tempfile.TemporaryDirectory() as profile:
+            result = subprocess.run(
+                [
+                    chromium,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    # Every host but the local server is unknown: the page cannot reach a CDN.
+                    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                    f"--user-data-dir={profile}",
+                    "--virtual-time-budget=10000",
+                    "--window-size=1280,2000",
+                    *flags,
+                    f"{base_url}/{page}.html",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def dom(browse):
+    """dom(page) -> the page's DOM after scripts ran, parsed; one chromium run per page."""
+    cache = {}
+
+    def get(page: str) -> "Dom":
+        if page not in cache:
+            cache[page] = Dom(browse(page, "--dump-dom"))
+        return cache[page]
+
+    return get
+
+
+class Dom(HTMLParser):
+    """Tags with their attributes, and the text of <title> and <h1>."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.html = html
+        self.tags: list[tuple[str, dict]] = []
+        self.text = {"title": "", "h1": ""}
+        self._open: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+        if tag in self.text:
+            self._open.append(tag)
+
+    def handle_endtag(self, tag):
+        if self._open and self._open[-1] == tag:
+            self._open.pop()
+
+    def handle_data(self, data):
+        for tag in self._open:
+            self.text[tag] += data
+
+    def find(self, tag: str, cls: str | None = None) -> list[dict]:
+        return [a for t, a in self.tags if t == tag and (cls is None or cls in a.get("class", "").split())]
+
+
+def expected_binder_url(exercise: str) -> str:
+    """The exercise's Binder URL, from the settings in _config.yml the launch buttons use."""
+    binderhub = CONFIG["launch_buttons"]["binderhub_url"].rstrip("/")
+    org, repo = urlparse(CONFIG["repository"]["url"]).path.strip("/").split("/")[:2]
+    branch = CONFIG["repository"]["branch"]
+    notebook = f"notebooks/{exercise}/{exercise}.ipynb"
+    return f"{binderhub}/v2/gh/{org}/{repo}/{branch}?urlpath=lab/tree/{notebook}"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_page_has_book_and_chapter_titles(dom, page):
+    page_dom = dom(page)
+    assert CONFIG["title"] in page_dom.text["title"]
+    assert page_dom.text["h1"].strip(), f"{page} has no <h1>"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_math_is_typeset_offline(site, dom, page):
+    static = (site / f"{page}.html").read_text(encoding="utf-8")
+    scripts = [src for src in re.findall(r'<script[^>]*src="([^"]+)"', static) if "mathjax" in src.lower()]
+    assert scripts and all(not urlparse(src).scheme for src in scripts), f"MathJax not loaded locally: {scripts}"
+    formulas = len(re.findall(r'class="math notranslate', static))
+    page_dom = dom(page)
+    typeset = page_dom.html.count("<mjx-container")
+    assert typeset >= formulas, f"{page}: {formulas} formulas, {typeset} typeset by MathJax"
+    assert "<mjx-merror" not in page_dom.html, f"{page}: MathJax reports a TeX error"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_exercise_links_open_existing_notebooks(site, dom, page):
+    for link in dom(page).find("a", "binder-exercise-link"):
+        exercise = re.search(r"notebooks/([^/]+)/", link["href"]).group(1)
+        assert link["href"] == expected_binder_url(exercise)
+        assert (ROOT / "notebooks" / exercise / f"{exercise}.ipynb").is_file()
+        assert (site / "notebooks" / exercise / f"{exercise}.html").is_file()
+
+
+def test_chapter_1_title(dom):
+    assert "token" in dom("book/01-tokens").text["h1"].lower()
+
+
+def test_chapter_1_shows_a_plot_from_an_executed_cell(site, dom):
+    images = [
+        img["src"]
+        for img in dom("book/01-tokens").find("img")
+        if img["src"].startswith("../_images/") and img["src"].endswith(".png")
+    ]
+    assert images, "no plot image on the chapter 1 page"
+    for src in images:
+        assert (site / "book" / src).resolve().stat().st_size > 1000, src
+
+
+def test_chapter_1_links_its_exercise_on_binder(dom):
+    hrefs = [a["href"] for a in dom("book/01-tokens").find("a", "binder-exercise-link")]
+    assert hrefs == [expected_binder_url("01-tokens")]
+    assert hrefs[0].endswith("?urlpath=lab/tree/notebooks/01-tokens/01-tokens.ipynb")
+
+
+def test_chapter_1_math_is_typeset(dom):
+    assert "<mjx-container" in dom("book/01-tokens").html
+
+
+def test_chapter_1_screenshot(browse, site):
+    shot = site.parent / "screenshots" / "01-tokens.png"
+    shot.parent.mkdir(exist_ok=True)
+    shot.unlink(missing_ok=True)
+    browse("book/01-tokens", f"--screenshot={shot}")
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1280, 2000)

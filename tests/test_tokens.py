@@ -1,0 +1,105 @@
+"""The reference tokenizer (minigpt.tokens) against tiktoken, the external oracle for chapter 1."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import coursekit
+from minigpt.tokens import Tokenizer, bpe_merge, gpt2_tokenizer, load_gpt2_ranks, pre_split, train_bpe
+
+END = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return coursekit.gpt2_encoding()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return gpt2_tokenizer()
+
+
+def test_known_ids(tok):
+    text = "Hello world, the capital of France is Paris. strawberry"
+    assert tok.encode(text) == [15496, 995, 11, 262, 3139, 286, 4881, 318, 6342, 13, 41236]
+    assert tok.encode(END, allowed_special="all") == [50256]
+
+
+def test_ranks_equal_tiktoken(enc):
+    assert load_gpt2_ranks() == enc._mergeable_ranks
+
+
+def test_pre_split_equals_tiktoken_pattern(enc):
+    import regex
+    text = coursekit.shakespeare(("hamlet",)) + "  x\t\n\n 🤖 I'M 'tis ١٢٣ \u00a0 end  "
+    assert pre_split(text) == regex.findall(enc._pat_str, text)
+
+
+@pytest.mark.parametrize("work", sorted(coursekit.corpus_texts()))
+def test_whole_corpus_equals_tiktoken(tok, enc, work):
+    text = coursekit.corpus_texts()[work]
+    ids = tok.encode(text)
+    assert ids == enc.encode(text), f"{work}: ids differ from tiktoken"
+    assert tok.decode(ids) == text
+
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=64) | st.lists(
+    st.sampled_from(["the", " the", "'s", "'LL", " ", "  ", "\n", "\r\n", "\t", "007", "é", "語", "🤖", "!?", END,
+                     "don", "t", "A", "\u00a0", "x2", "<|", "|>"]), max_size=16).map("".join)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(TEXT)
+def test_fuzz_equals_tiktoken(text):
+    tok, enc = _cached()
+    assert tok.encode_ordinary(text) == enc.encode_ordinary(text)
+    assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all")
+    assert tok.decode(tok.encode_ordinary(text)) == text
+
+
+def _cached(_memo={}):
+    if not _memo:
+        _memo["pair"] = (gpt2_tokenizer(), coursekit.gpt2_encoding())
+    return _memo["pair"]
+
+
+def test_disallowed_special_token_raises(tok, enc):
+    with pytest.raises(ValueError, match=r"<\|endoftext\|>"):
+        tok.encode(f"a {END} b")
+    with pytest.raises(ValueError):  # tiktoken behaves the same way
+        enc.encode(f"a {END} b")
+    with pytest.raises(ValueError, match="unknown special tokens"):
+        tok.encode("a", allowed_special={"<|nope|>"})
+
+
+def test_decode_invalid_utf8_like_tiktoken(tok, enc):
+    ids = enc.encode("🍓👨‍👩‍👧語")
+    for k in range(len(ids) + 1):
+        assert tok.decode(ids[:k]) == enc.decode(ids[:k])
+        assert tok.decode(ids[k:]) == enc.decode(ids[k:])
+
+
+@pytest.mark.parametrize("bad", [[50257], [-1], [0, 10**6], ["7"]])
+def test_decode_rejects_unknown_ids(tok, bad):
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        tok.decode(bad)
+
+
+def test_bpe_merge_lowest_rank_first():
+    assert bpe_merge(b"abc", {b"a": 0, b"b": 1, b"c": 2, b"bc": 3, b"ab": 4}) == [b"a", b"bc"]
+    assert bpe_merge(b"abc", {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"bc": 4}) == [b"ab", b"c"]
+    assert bpe_merge(b"", {}) == []
+
+
+def test_train_bpe_learns_frequent_pairs_and_round_trips():
+    text = coursekit.shakespeare(("sonnets",))[:5000]
+    ranks = train_bpe(text, 256 + 40)
+    assert len(ranks) == 296 and sorted(ranks.values()) == list(range(296))
+    assert b" th" in ranks  # the most common English pair of pairs
+    small = Tokenizer(ranks)
+    ids = small.encode(text)
+    assert small.decode(ids) == text
+    assert len(ids) < 0.75 * len(text.encode("utf-8"))
+    with pytest.raises(ValueError, match="at least 256"):
+        train_bpe(text, 100)
