@@ -93,11 +93,14 @@ def drift(source_dir: Path, package_dir: Path) -> list[str]:
     have = {p.name: p.read_text(encoding="utf-8") for p in Path(package_dir).glob("*.py")}
     out = []
     for name in sorted(set(want) | set(have)):
-        a, b = have.get(name, ""), want.get(name, "")
-        if a != b:
-            out.append("".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True),
+        if name not in want:
+            out.append(f"{package_dir}/{name}: no notebook exports this module any more\n")
+        elif name not in have:
+            out.append(f"{package_dir}/{name}: missing\n")
+        elif have[name] != want[name]:
+            out.append("".join(difflib.unified_diff(have[name].splitlines(True), want[name].splitlines(True),
                                                     f"{package_dir}/{name} (on disk)",
-                                                    f"{package_dir}/{name} (exported)")) or f"{name} differs\n")
+                                                    f"{package_dir}/{name} (exported)")))
     return out
 
 

@@ -1,0 +1,58 @@
+# minigpt course: every task in one place. The two commands a new machine needs:
+#   make course   build the website, every chapter executed, into _build/html
+#   make test     run the whole test suite
+# Both create the Python environment (.venv) from scratch when it is missing or out of date.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# Offline by default: tiktoken reads the course's copy of GPT-2's files; Hugging Face never downloads.
+export TIKTOKEN_CACHE_DIR := $(CURDIR)/src/coursekit/data/tiktoken
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export MPLBACKEND := Agg
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: course test test-fast env notebooks package bench clean browser
+
+course: $(STAMP)
+	$(BIN)/jupyter-book build --all -W --keep-going .
+	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
+
+test: $(STAMP) browser
+	$(BIN)/python -m pytest
+
+# Everything but the minutes-long tests (real nbgrader runs, the book build, the browser).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+env: $(STAMP)
+
+# Rebuilt when the project's requirements change. constraints.txt pins every package to the versions
+# the course was tested with; torch is the CPU wheel (see pyproject.toml).
+$(STAMP): pyproject.toml constraints.txt
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip check
+	touch $(STAMP)
+
+# The browser tests drive Debian's Chromium headless.
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; }
+
+# After editing a notebook in solutions/: regenerate the reference package and the learner notebooks.
+notebooks: $(STAMP)
+	$(BIN)/minigpt-export solutions src/minigpt
+	$(BIN)/python -m autograder.release
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf _build .grading submitted autograded feedback gradebook.db

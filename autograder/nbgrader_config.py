@@ -1,0 +1,23 @@
+"""nbgrader configuration of the minigpt course.
+
+The course root is the folder above this file, whatever the current directory is, so that
+`nbgrader generate_assignment 01-tokens`, `nbgrader autograde 01-tokens` and
+`nbgrader generate_feedback 01-tokens` work from the repository root (through the shim
+`nbgrader_config.py` there). `minigpt-grade` loads this file too and only moves the root into its
+own workspace, so the two ways of grading run with the same settings.
+"""
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
+
+c.CourseDirectory.root = str(Path(__file__).resolve().parent.parent)
+# Instructor notebooks (with solutions and hidden tests) are nbgrader's "source";
+# the learner notebooks that nbgrader generates from them are its "release".
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "notebooks"
+# The gradebook, submitted/, autograded/ and feedback/ keep nbgrader's default places under the root
+# (all gitignored).
+
+# Seconds per cell. nbgrader's default of 30 is tight for the chapters that run a small GPT on CPU;
+# an infinite loop still ends at this limit and scores 0 for the cells after it.
+c.ExecutePreprocessor.timeout = 120

@@ -1,0 +1,88 @@
+"""The export step: solutions/ -> the reference package, a learner's notebooks -> their own package."""
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from coursekit import export
+
+ROOT = export.Path(__file__).resolve().parents[1]
+
+
+def test_reference_package_is_in_sync_with_the_solutions():
+    diffs = export.drift(ROOT / "solutions", ROOT / "src" / "minigpt")
+    assert not diffs, ("src/minigpt differs from what solutions/ exports; run `make notebooks`:\n"
+                       + "".join(diffs)[:3000])
+
+
+def test_check_mode_reports_drift(tmp_path, capsys):
+    pkg = tmp_path / "minigpt"
+    assert export.main([str(ROOT / "solutions"), str(pkg)]) == 0
+    assert export.main([str(ROOT / "solutions"), str(pkg), "--check"]) == 0
+    (pkg / "tokens.py").write_text((pkg / "tokens.py").read_text() + "\nx = 1\n")
+    (pkg / "stale.py").write_text("")
+    assert export.main([str(ROOT / "solutions"), str(pkg), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "-x = 1" in out and "stale.py" in out and "out of date" in out
+    export.main([str(ROOT / "solutions"), str(pkg)])
+    assert not (pkg / "stale.py").exists()
+    assert export.drift(ROOT / "solutions", pkg) == []
+
+
+def _notebook(tmp_path, name, cells):
+    folder = tmp_path / name
+    folder.mkdir(parents=True)
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": c}
+                    for c in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / f"{name}.ipynb").write_text(json.dumps(nb))
+    return folder / f"{name}.ipynb"
+
+
+def test_export_keeps_solution_code_drops_markers_and_other_cells(tmp_path):
+    _notebook(tmp_path, "02-word-vectors", [
+        "#| export\nimport math\n",
+        "print('not exported')",
+        "#| export\ndef f(x):\n    ### BEGIN SOLUTION\n    return math.sqrt(x)\n    ### END SOLUTION\n",
+    ])
+    files = export.build_package(tmp_path)
+    assert set(files) == {"__init__.py", "word_vectors.py"}
+    body = files["word_vectors.py"]
+    assert "return math.sqrt(x)" in body and "BEGIN SOLUTION" not in body and "not exported" not in body
+    assert "from . import word_vectors" in files["__init__.py"]
+
+
+def test_export_refuses_hidden_tests_and_bad_names(tmp_path):
+    _notebook(tmp_path / "a", "01-x", ["#| export\n### BEGIN HIDDEN TESTS\nassert 1\n### END HIDDEN TESTS\n"])
+    with pytest.raises(ValueError, match="hidden tests"):
+        export.build_package(tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no chapter notebook"):
+        export.build_package(tmp_path / "empty")
+    with pytest.raises(ValueError, match="NN-topic"):
+        export.module_name(export.Path("tokens.ipynb"))
+    (tmp_path / "b" / "01-bad").mkdir(parents=True)
+    (tmp_path / "b" / "01-bad" / "01-bad.ipynb").write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable notebook"):
+        export.build_package(tmp_path / "b")
+
+
+def test_learner_notebooks_export_to_a_package_of_stubs(tmp_path):
+    """The released notebooks export to an importable package whose functions are still to be written."""
+    pkg = tmp_path / "my_minigpt"
+    export.write_package(ROOT / "notebooks", pkg)
+    spec = importlib.util.spec_from_file_location("my_minigpt", pkg / "__init__.py",
+                                                  submodule_search_locations=[str(pkg)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["my_minigpt"] = module
+    try:
+        spec.loader.exec_module(module)
+        tokens = module.tokens
+        assert tokens.__name__ == "my_minigpt.tokens"
+        assert tokens.load_gpt2_ranks()[b" the"] == 262  # given code is exported as it is
+        with pytest.raises(NotImplementedError):
+            tokens.pre_split("hello")
+        with pytest.raises(NotImplementedError):
+            tokens.gpt2_tokenizer().encode("hello")
+    finally:
+        sys.modules.pop("my_minigpt", None)

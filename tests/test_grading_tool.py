@@ -1,0 +1,278 @@
+"""minigpt-grade, end to end through real nbgrader, on a one-function demo chapter in a tmp course.
+
+The demo chapter `99-demo` asks for `add(a, b)`: a visible test, a hidden test that calls a check in a
+module outside the notebook (as the course's hidden tests call `autograder.checks`), and a one-point
+visible test. Grading runs twice: the instructor solution alone, then a class folder with a correct,
+an untouched, a wrong and a corrupt submission.
+"""
+import contextlib
+import io
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import grade
+
+CHAPTER = "99-demo"
+ROOT = Path(__file__).resolve().parents[1]
+
+CHECKS = '''
+def check_add(add):
+    got = add(-2, 5)
+    assert got == 3, f"add(-2, 5) returned {got!r}, expected 3: negative numbers add like any other"
+'''
+
+SOLUTION = """\
+def add(a, b):
+    ### BEGIN SOLUTION
+    return a + b
+    ### END SOLUTION
+"""
+
+TEST_ADD = """\
+assert add(1, 2) == 3, "add(1, 2) should be 3"
+### BEGIN HIDDEN TESTS
+import autograder.checks  # the course's checks are importable in the grading kernel
+from demo_checks import check_add
+check_add(add)
+### END HIDDEN TESTS
+"""
+
+TEST_FLOATS = 'assert add(0.5, 0.25) == 0.75, "add(0.5, 0.25) should be 0.75"\n'
+
+
+def nbgrader_cell(source, grade_id, *, solution=False, points=None):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {
+        "grade": points is not None,
+        "solution": solution,
+        "locked": not solution,
+        "grade_id": grade_id,
+        "schema_version": 3,
+        **({"points": points} if points is not None else {}),
+    }
+    return cell
+
+
+def demo_notebook():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Demo\nWrite `add(a, b)`."),
+        nbgrader_cell(SOLUTION, "add", solution=True),
+        nbgrader_cell(TEST_ADD, "test_add", points=2),
+        nbgrader_cell(TEST_FLOATS, "test_add_floats", points=1),
+    ]
+    return nb
+
+
+def learner_copy(released: Path, body: str) -> nbformat.NotebookNode:
+    """The released notebook with the learner's body in place of the stub."""
+    nb = nbformat.read(released, as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add")
+    assert "raise NotImplementedError()" in cell.source, "the release should hold nbgrader's stub"
+    cell.source = "def add(a, b):\n" + textwrap.indent(body, "    ")
+    return nb
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A course root with one chapter; the hidden check lives in a module on PYTHONPATH."""
+    root = tmp_path_factory.mktemp("course")
+    (root / "solutions" / CHAPTER).mkdir(parents=True)
+    nbformat.write(demo_notebook(), root / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
+    (root / "checks").mkdir()
+    (root / "checks" / "demo_checks.py").write_text(CHECKS)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", str(root / "checks"))
+    yield root
+    mp.undo()
+
+
+def run_grade(capsys, *args):
+    code = grade.main(list(map(str, args)))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def solution_run(course):
+    """Grade the instructor notebook itself, as one learner notebook."""
+    out = course / "solution.json"
+    code = grade.main([str(course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"),
+                       "--course-root", str(course), "--json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def class_run(course, solution_run):
+    """A class folder in both layouts: correct, untouched release, wrong answer, not a notebook."""
+    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+    class_dir = course / "class"
+    for student in ("ada", "ben", "cy", "dee"):
+        (class_dir / student).mkdir(parents=True)
+    nbformat.write(learner_copy(released, "return a + b\n"), class_dir / "ada" / f"{CHAPTER}.ipynb")
+    (class_dir / "ben" / CHAPTER).mkdir()
+    shutil.copyfile(released, class_dir / "ben" / CHAPTER / f"{CHAPTER}.ipynb")
+    nbformat.write(learner_copy(released, "return abs(a) + abs(b)\n"), class_dir / "cy" / f"{CHAPTER}.ipynb")
+    (class_dir / "dee" / f"{CHAPTER}.ipynb").write_text('{"cells": [ truncated')
+    out = course / "class.json"
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        code = grade.main(["--class", str(class_dir), "--course-root", str(course), "--json", str(out)])
+    return code, {r["student"]: r for r in json.loads(out.read_text())["results"]}, table.getvalue()
+
+
+@pytest.mark.slow
+def test_solution_scores_full_marks_without_touching_the_course(course, solution_run):
+    code, payload = solution_run
+    assert code == 0
+    [result] = payload["results"]
+    assert (result["student"], result["chapter"], result["status"]) == ("you", CHAPTER, "graded")
+    assert (result["score"], result["max_score"]) == (3, 3)
+    assert result["lost"] == []
+    assert result["feedback"] and Path(result["feedback"]).is_file()
+    # Everything nbgrader wrote is in the workspace; the course's own folders are as they were.
+    for made_by_nbgrader in ("notebooks", "submitted", "autograded", "feedback", "gradebook.db"):
+        assert not (course / made_by_nbgrader).exists()
+    assert sorted(p.name for p in (course / "solutions" / CHAPTER).iterdir()) == [f"{CHAPTER}.ipynb"]
+
+
+@pytest.mark.slow
+def test_class_folder_is_graded_per_student(class_run):
+    code, results, _ = class_run
+    assert code == 0
+    assert {s: (r["status"], r["score"], r["max_score"]) for s, r in results.items()} == {
+        "ada": ("graded", 3, 3),
+        "ben": ("graded", 0, 3),
+        "cy": ("graded", 1, 3),
+        "dee": ("unreadable", None, 3),
+    }
+
+
+@pytest.mark.slow
+def test_untouched_release_loses_every_test_with_its_error(class_run):
+    _, results, _ = class_run
+    assert [(lp["grade_id"], lp["score"], lp["message"]) for lp in results["ben"]["lost"]] == [
+        ("test_add", 0, "NotImplementedError"),
+        ("test_add_floats", 0, "NotImplementedError"),
+    ]
+
+
+@pytest.mark.slow
+def test_wrong_answer_reports_the_checks_message_not_the_hidden_source(class_run):
+    _, results, _ = class_run
+    [lost] = results["cy"]["lost"]
+    assert lost["grade_id"] == "test_add"
+    assert lost["message"] == (
+        "AssertionError: add(-2, 5) returned 7, expected 3: negative numbers add like any other"
+    )
+
+
+@pytest.mark.slow
+def test_corrupt_submission_gets_a_clear_status(class_run):
+    _, results, _ = class_run
+    assert results["dee"]["detail"].startswith("not a notebook (")
+    assert results["dee"]["submission"].endswith(f"dee/{CHAPTER}.ipynb")
+
+
+@pytest.mark.slow
+def test_table_shows_scores_and_lost_points(class_run):
+    _, _, table = class_run
+    lines = table.splitlines()
+    assert lines[0].split() == ["student", "chapter", "score"]
+    assert any(line.split()[:4] == ["cy", CHAPTER, "1", "/"] for line in lines)
+    assert "    test_add (0 / 2): AssertionError: add(-2, 5) returned 7, expected 3" in table
+    assert "dee" in table and "unreadable: not a notebook" in table
+    assert "check_add(" not in table
+
+
+@pytest.mark.slow
+def test_exit_1_when_nbgrader_cannot_run(tmp_path, capsys):
+    (tmp_path / "solutions" / CHAPTER).mkdir(parents=True)
+    (tmp_path / "solutions" / CHAPTER / f"{CHAPTER}.ipynb").write_text("not json")
+    learner = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(demo_notebook(), learner)
+    code, out, err = run_grade(capsys, learner, "--course-root", tmp_path)
+    assert code == 1 and out == ""
+    assert f"nbgrader generate_assignment {CHAPTER} failed" in err
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fast: the command line and the pieces that need no nbgrader run
+
+
+def test_usage_errors_exit_2(course, capsys):
+    code, _, err = run_grade(capsys, "--course-root", course, course / "nope.ipynb")
+    assert code == 2 and "no such notebook" in err
+    stray = course / "class-x" / "al"
+    stray.mkdir(parents=True, exist_ok=True)
+    nbformat.write(demo_notebook(), stray / "42-nothing.ipynb")
+    code, _, err = run_grade(capsys, "--course-root", course, stray / "42-nothing.ipynb")
+    assert code == 2 and "no chapter 42-nothing" in err and CHAPTER in err
+    code, _, err = run_grade(capsys, "--course-root", course, "--class", course / "class-x", "--chapter", "01-x")
+    assert code == 2 and "no chapter 01-x" in err
+    with pytest.raises(SystemExit) as exit_:
+        grade.main([])
+    assert exit_.value.code == 2
+
+
+def test_refuses_to_clear_a_folder_it_did_not_make(course, tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+    code, _, err = run_grade(capsys, "--course-root", course, "--workdir", tmp_path,
+                             course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
+    assert code == 2 and "refusing to clear" in err
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_class_layouts_and_missing_chapters(tmp_path):
+    for path in ("ann/01-a.ipynb", "bob/01-a/01-a.ipynb", "bob/02-b.ipynb"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("{}")
+    subs = grade.class_submissions(tmp_path, [], ["01-a", "02-b", "03-c"])
+    assert [(s.student, s.chapter, s.path and s.path.relative_to(tmp_path).as_posix()) for s in subs] == [
+        ("ann", "01-a", "ann/01-a.ipynb"),
+        ("ann", "02-b", None),
+        ("bob", "01-a", "bob/01-a/01-a.ipynb"),
+        ("bob", "02-b", "bob/02-b.ipynb"),
+    ]
+
+
+def test_error_message_is_the_last_line_not_the_traceback():
+    cell = {"outputs": [{
+        "output_type": "error", "ename": "AssertionError", "evalue": "bpe_merge(b'ab') returned [1], expected [2]",
+        "traceback": ["\x1b[0;31m---\x1b[0m", "check_bpe_merge(bpe_merge)  # hidden source", "AssertionError: ..."],
+    }]}
+    assert grade.error_message(cell) == "AssertionError: bpe_merge(b'ab') returned [1], expected [2]"
+    timeout = {"output_type": "error", "ename": "CellTimeoutError", "evalue": "", "traceback": []}
+    assert grade.error_message({"outputs": [timeout]}) == (
+        "CellTimeoutError: no reply from the kernel before the time limit"
+    )
+    assert grade.error_message({"outputs": []}) == "lost points without raising an error"
+
+
+def test_kernel_runs_this_python():
+    """nbgrader starts the `python3` kernel; it must be this environment's python so that the hidden
+    tests can import autograder's checks."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    assert "python3" in KernelSpecManager().find_kernel_specs()
+    cmd = KernelManager(kernel_name="python3").format_kernel_cmd()
+    assert Path(cmd[0]).resolve() == Path(sys.executable).resolve()
+
+
+def test_course_config_roots_at_the_repo_wherever_it_runs(tmp_path, monkeypatch):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    monkeypatch.chdir(tmp_path)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    assert config.CourseDirectory.root == str(ROOT)
+    assert (config.CourseDirectory.source_directory, config.CourseDirectory.release_directory) == (
+        "solutions", "notebooks"
+    )
+    assert config.ExecutePreprocessor.timeout >= 60
