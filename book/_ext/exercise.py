@@ -92,12 +92,12 @@ class ExerciseDirective(SphinxDirective):
             "",
             nodes.Text("To check your work on your own machine, run "),
             nodes.literal(text=check),
-            nodes.Text(" from the repository root: it runs the notebook and reports the tests that fail."),
+            nodes.Text(" in the course folder: it grades the notebook with the hidden tests and says which ones fail and why."),
         )
         return [box]
 
 
 def setup(app):
-    app.add_config_value("exercise_check_command", "nbgrader validate {path}", "env", [str])
+    app.add_config_value("exercise_check_command", "minigpt-grade {path}", "env", [str])
     app.add_directive("exercise", ExerciseDirective)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
