@@ -12,8 +12,9 @@ STAMP  := $(VENV)/.installed
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/src/coursekit/data/tiktoken
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-export MPLBACKEND := Agg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# A MPLBACKEND inherited from the shell would replace the notebooks' inline backend: no plots in the book.
+unexport MPLBACKEND
 
 .PHONY: course test test-fast env notebooks package bench clean browser
 
