@@ -52,6 +52,17 @@ def test_export_keeps_solution_code_drops_markers_and_other_cells(tmp_path):
     assert "from . import word_vectors" in files["__init__.py"]
 
 
+def test_imports_of_earlier_chapters_become_relative(tmp_path):
+    _notebook(tmp_path, "04-model", ["#| export\nfrom minigpt.attention import CausalSelfAttention\n"
+                                     "def f():\n    from minigpt.tokens import Tokenizer\n    return Tokenizer\n"])
+    body = export.build_package(tmp_path)["model.py"]
+    assert "from .attention import CausalSelfAttention" in body
+    assert "    from .tokens import Tokenizer" in body and "minigpt." not in body
+    _notebook(tmp_path / "x", "04-model", ["#| export\nimport minigpt.attention\n"])
+    with pytest.raises(ValueError, match="from minigpt.<module> import"):
+        export.build_package(tmp_path / "x")
+
+
 def test_export_refuses_hidden_tests_and_bad_names(tmp_path):
     _notebook(tmp_path / "a", "01-x", ["#| export\n### BEGIN HIDDEN TESTS\nassert 1\n### END HIDDEN TESTS\n"])
     with pytest.raises(ValueError, match="hidden tests"):

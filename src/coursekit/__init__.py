@@ -12,6 +12,8 @@ TIKTOKEN_CACHE_DIR = DATA_DIR / "tiktoken"
 # setdefault, not assignment: the Makefile, CI and the tests set the same folder explicitly.
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE_DIR))
 
-from coursekit.data import corpus_texts, gpt2_encoding, gpt2_tokenizer_files, shakespeare  # noqa: E402
+from coursekit.data import (  # noqa: E402
+    corpus_texts, gpt2_encoding, gpt2_tokenizer_files, shakespeare, shipped_model_dir)
 
-__all__ = ["DATA_DIR", "TIKTOKEN_CACHE_DIR", "corpus_texts", "gpt2_encoding", "gpt2_tokenizer_files", "shakespeare"]
+__all__ = ["DATA_DIR", "TIKTOKEN_CACHE_DIR", "corpus_texts", "gpt2_encoding", "gpt2_tokenizer_files", "shakespeare",
+           "shipped_model_dir"]

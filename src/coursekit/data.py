@@ -11,6 +11,7 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SHAKESPEARE_DIR = DATA_DIR / "shakespeare"
+SHIPPED_MODEL_DIR = DATA_DIR / "models" / "shakespeare-gpt"
 
 # tiktoken caches a download under the sha1 of its URL; these are the names for GPT-2's two files.
 _VOCAB_BPE = "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"  # .../gpt-2/encodings/main/vocab.bpe
@@ -61,3 +62,11 @@ def _strip_gutenberg(text: str) -> str:
     if end != -1:
         text = text[:end]
     return text.strip() + "\n"
+
+
+def shipped_model_dir() -> Path:
+    """The folder of the small GPT the course ships (Hugging Face GPT-2 format: config.json, model.safetensors)."""
+    if not (SHIPPED_MODEL_DIR / "model.safetensors").is_file():
+        raise FileNotFoundError(f"the course's model is missing from {SHIPPED_MODEL_DIR}; "
+                                "train it with `make model` (see training/README.md)")
+    return SHIPPED_MODEL_DIR

@@ -7,7 +7,9 @@
 Notebook ``<dir>/NN-topic/NN-topic.ipynb`` becomes module ``topic.py`` (dashes become underscores). Its code
 cells whose first line is ``#| export`` go into that module, in notebook order. nbgrader's solution markers
 are dropped and the code between them kept, so the same step gives the reference package from
-``solutions/`` and the learner's package from the learner's notebooks.
+``solutions/`` and the learner's package from the learner's notebooks. Imports of earlier chapters,
+``from minigpt.attention import ...``, become relative (``from .attention import ...``), so each package is
+built from its own chapters.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ EXPORT_TAG = "#| export"
 _MARKER = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$")
 _HIDDEN = re.compile(r"### (BEGIN|END) HIDDEN TESTS")
 _CHAPTER = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
+# In a notebook, earlier chapters are imported as `from minigpt.attention import ...`; inside the exported
+# package that becomes `from .attention import ...`, so a learner's package uses the learner's own chapters.
+_PACKAGE_IMPORT = re.compile(r"^(\s*)from minigpt\.(\w+) import ")
+_OTHER_IMPORT = re.compile(r"^\s*(import minigpt\b|from minigpt import )")
 
 
 def chapter_notebooks(root: Path) -> list[Path]:
@@ -58,7 +64,14 @@ def exported_source(notebook: Path) -> str:
             continue
         if _HIDDEN.search(src):
             raise ValueError(f"{notebook}: an exported cell holds hidden tests; export only package code")
-        body = [line for line in lines[1:] if not _MARKER.match(line)]
+        body = []
+        for line in lines[1:]:
+            if _MARKER.match(line):
+                continue
+            if _OTHER_IMPORT.match(line):
+                raise ValueError(f"{notebook}: exported code imports minigpt as {line.strip()!r}; "
+                                 "write `from minigpt.<module> import <name>` so the export can make it relative")
+            body.append(_PACKAGE_IMPORT.sub(r"\1from .\2 import ", line))
         chunks.append("\n".join(body).strip("\n"))
     if not chunks:
         return ""

@@ -2,5 +2,8 @@
 import coursekit  # noqa: F401  (points tiktoken at the offline GPT-2 files)
 
 from . import tokens
+from . import embeddings
+from . import attention
+from . import transformer
 
-__all__ = ['tokens']
+__all__ = ['tokens', 'embeddings', 'attention', 'transformer']
