@@ -5,5 +5,6 @@ from . import tokens
 from . import embeddings
 from . import attention
 from . import transformer
+from . import generation
 
-__all__ = ['tokens', 'embeddings', 'attention', 'transformer']
+__all__ = ['tokens', 'embeddings', 'attention', 'transformer', 'generation']
