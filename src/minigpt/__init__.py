@@ -6,5 +6,6 @@ from . import embeddings
 from . import attention
 from . import transformer
 from . import generation
+from . import samplers
 
-__all__ = ['tokens', 'embeddings', 'attention', 'transformer', 'generation']
+__all__ = ['tokens', 'embeddings', 'attention', 'transformer', 'generation', 'samplers']
