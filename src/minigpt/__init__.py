@@ -7,5 +7,6 @@ from . import attention
 from . import transformer
 from . import generation
 from . import samplers
+from . import kv_cache
 
-__all__ = ['tokens', 'embeddings', 'attention', 'transformer', 'generation', 'samplers']
+__all__ = ['tokens', 'embeddings', 'attention', 'transformer', 'generation', 'samplers', 'kv_cache']
