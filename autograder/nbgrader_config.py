@@ -21,3 +21,7 @@ c.CourseDirectory.release_directory = "notebooks"
 # Seconds per cell. nbgrader's default of 30 is tight for the chapters that run a small GPT on CPU;
 # an infinite loop still ends at this limit and scores 0 for the cells after it.
 c.ExecutePreprocessor.timeout = 120
+
+# Every grading kernel first loads autograder.guard: a notebook may import the reference implementation of
+# earlier chapters, never of its own chapter or later ones.
+c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=import autograder.guard"]

@@ -1,12 +1,7 @@
-"""minigpt: a GPT built one chapter at a time (exported from solutions/ by minigpt-export)."""
+"""minigpt: a GPT built one chapter at a time (exported from solutions/ by minigpt-export).
+
+Import a chapter's module directly: `from minigpt.attention import attention`."""
 import coursekit  # noqa: F401  (points tiktoken at the offline GPT-2 files)
 
-from . import tokens
-from . import embeddings
-from . import attention
-from . import transformer
-from . import generation
-from . import samplers
-from . import kv_cache
-
-__all__ = ['tokens', 'embeddings', 'attention', 'transformer', 'generation', 'samplers', 'kv_cache']
+# Chapter folder -> module, in course order.
+CHAPTERS = {'01-tokens': 'tokens', '02-embeddings': 'embeddings', '03-attention': 'attention', '04-transformer': 'transformer', '05-generation': 'generation', '06-samplers': 'samplers', '07-kv-cache': 'kv_cache'}

@@ -128,6 +128,13 @@ MUTANTS = [
         (Edit("tokenizer", DECODE_BYTES_BODY, '        return b"".join(self.vocab[i] for i in ids)\n'),),
         {"test_decode": "raised KeyError: 50257; expected ValueError"},
     ),
+    # ---- not writing it at all: the grading kernel holds back the reference of the chapter being graded
+    Mutant(
+        "imports-reference",
+        "imports the course's reference pre_split instead of writing one",
+        (Edit("pre_split", "def pre_split(", "from minigpt.tokens import pre_split\n\n\ndef _unused("),),
+        {"test_pre_split": "", **{t: "" for t in TOKENIZER_TESTS}},
+    ),
 ]
 
 
