@@ -1,4 +1,4 @@
-"""Loaded into every grading kernel before the learner's code runs (see nbgrader_config.py).
+"""Installed in every grading kernel before the learner's code runs (see nbgrader_config.py).
 
 A chapter's notebook may use the course's reference implementation of the chapters *before* it (chapter 4
 builds its blocks on chapter 3's attention), but never of its own chapter or later ones: that is the code
@@ -66,5 +66,3 @@ def install(cwd: Path | None = None) -> ReferenceGuard:
     sys.meta_path.insert(0, guard)
     return guard
 
-
-install()

@@ -22,6 +22,6 @@ c.CourseDirectory.release_directory = "notebooks"
 # an infinite loop still ends at this limit and scores 0 for the cells after it.
 c.ExecutePreprocessor.timeout = 120
 
-# Every grading kernel first loads autograder.guard: a notebook may import the reference implementation of
+# Every grading kernel first installs autograder.guard: a notebook may import the reference implementation of
 # earlier chapters, never of its own chapter or later ones.
-c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=import autograder.guard"]
+c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=from autograder.guard import install; install()"]

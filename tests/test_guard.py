@@ -8,6 +8,17 @@ from autograder.guard import blocked_modules
 from minigpt import CHAPTERS
 
 
+def _grading_kernel_arguments() -> list[str]:
+    """The kernel arguments the course's nbgrader configuration gives every grading kernel."""
+    from traitlets.config import PyFileConfigLoader
+    from autograder.grade import BASE_CONFIG
+    config = PyFileConfigLoader(BASE_CONFIG.name, path=str(BASE_CONFIG.parent)).load_config()
+    return list(config.Execute.extra_arguments)
+
+
+GRADING_KERNEL_ARGUMENTS = _grading_kernel_arguments()
+
+
 def test_blocked_modules_are_this_chapter_and_later():
     assert blocked_modules("04-transformer", CHAPTERS) == {
         "minigpt.transformer", "minigpt.generation", "minigpt.samplers", "minigpt.kv_cache"}
@@ -21,7 +32,7 @@ def kernel(tmp_path_factory):
     folder = tmp_path_factory.mktemp("submitted") / "04-transformer"
     folder.mkdir()
     km = jupyter_client.KernelManager(kernel_name="python3")
-    km.start_kernel(extra_arguments=["--IPKernelApp.exec_lines=import autograder.guard"], cwd=str(folder))
+    km.start_kernel(extra_arguments=GRADING_KERNEL_ARGUMENTS, cwd=str(folder))
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=120)
