@@ -56,6 +56,14 @@ class ReferenceGuard(importlib.abc.MetaPathFinder):
 
 
 def install(cwd: Path | None = None) -> ReferenceGuard:
+    """Prepare a grading kernel: hold back the reference of this chapter and later ones, and keep library
+    chatter off stderr, since nbgrader gives no points to a test cell that writes to stderr."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.simplefilter("ignore")
     from minigpt import CHAPTERS  # the package root only: the chapter list, no chapter code
 
     chapter = (cwd or Path.cwd()).name
