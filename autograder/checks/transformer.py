@@ -1,0 +1,564 @@
+"""Chapter 4 (the transformer): hidden checks for LayerNorm, gelu, MLP, Block and GPT.
+
+The oracles are external: `torch.nn.functional.layer_norm`, `F.gelu(approximate="tanh")`, and Hugging Face
+`transformers`' GPT2Block and GPT2LMHeadModel with random weights, saved to a temporary folder and loaded
+with the learner's `GPT.from_pretrained`. Inputs are ones the learner's visible tests do not use: other
+widths, eps values, 2-D and 4-D inputs, one position (T = 1) and a full context (T = block_size).
+
+The checks test what the code computes, never how. torch's own `F.layer_norm` inside `LayerNorm` and
+`F.gelu(x, approximate="tanh")` get full marks: the notebook asks for the formula by hand, for the sake of
+learning it, but a correct answer is a correct answer. So do `torch.rsqrt`, `x.var(correction=0)`, a
+`functools.reduce` over the blocks or an `nn.Sequential` of them.
+
+When the result is wrong, a check computes what each known mistake would have returned on the same input
+and weights (from the oracle's parts) and names the one that matches. In `Block` and `GPT` it first checks
+the parts the learner wrote earlier in the chapter, so that a wrong `LayerNorm` is reported as that and
+not as a wrong block, and a part that belongs to chapter 2 or 3 (`Embeddings`, `CausalSelfAttention`) is
+named as such.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+from coursekit.testing import call, fail
+
+# float32 throughout; logits to 1e-4 as the notebook's visible test asks.
+ATOL = 1e-5
+LOGITS_ATOL = 1e-4
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Draw the check's random numbers from a seed of its own, leaving the learner's RNG as it was."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_hf():
+    """No progress bars or config warnings from transformers in the learner's feedback."""
+    from transformers.utils import logging as hf_logging
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _output(got, want: torch.Tensor, label: str, atol: float = ATOL) -> float | None:
+    """None when ``got`` is ``want`` to within ``atol``; inf when its shape differs; else the largest difference.
+    Fails at once when ``got`` is not a tensor."""
+    if not isinstance(got, torch.Tensor):
+        fail(f"{label} returned {type(got).__name__}, expected a tensor of shape {_shape(want)}",
+             "return the tensor itself, not a tuple (no loss, no extra outputs)" if isinstance(got, (tuple, list))
+             else "")
+    if got.shape != want.shape:
+        return float("inf")
+    diff = (got.detach().float() - want).abs().max().item() if got.numel() else 0.0
+    return None if diff <= atol + 1e-5 * want.abs().max().item() else diff
+
+
+def _matching(got: torch.Tensor, candidates, atol: float = ATOL) -> str:
+    """The explanation of the first candidate mistake whose output is ``got``; "" if none is."""
+    for why, compute in candidates:
+        try:
+            value = compute()
+        except Exception:  # noqa: BLE001 (a mistake that cannot even run on this input explains nothing)
+            continue
+        if value.shape == got.shape and (got.detach().float() - value).abs().max().item() <= atol:
+            return why
+    return ""
+
+
+def _unchanged(x: torch.Tensor, before: torch.Tensor, label: str) -> None:
+    if not torch.equal(x, before):
+        fail(f"{label} changed its input in place",
+             "compute new tensors (x = x + ..., not x += ...; x - mean, not x.sub_(mean)): the caller's tensor "
+             "must stay as it was, and training needs it unchanged to compute gradients")
+
+
+# ---------------------------------------------------------------- LayerNorm
+
+LN_CASES = [  # (C, eps, input shape, scale, offset): means and scales far from 0 and 1, one tiny variance
+    (5, 1e-5, (2, 3, 5), 5.0, 3.0),
+    (16, 0.1, (4, 16), 1.0, -2.0),          # 2-D input, a large eps
+    (7, 1.0, (1, 1, 7), 2.0, 0.0),          # one position, eps = 1
+    (6, 1e-5, (2, 3, 4, 6), 0.003, 0.0),    # 4-D input; variance 1e-5, as large as eps
+    (32, 1e-6, (3, 5, 32), 1.0, 1.0),       # a non-contiguous input (a transposed tensor)
+]
+
+
+def _ln_mistakes(x, w, b, eps):
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, keepdim=True, unbiased=False)
+    norm = (x - mean) / torch.sqrt(var + eps)
+    mistakes = [
+        ("you divided by C - 1 (torch's default unbiased variance, x.var() or x.std()); LayerNorm uses the "
+         "biased variance, the mean of (x - mean)^2 over C: x.var(dim=-1, unbiased=False)",
+         lambda: (x - mean) / torch.sqrt(x.var(-1, keepdim=True, unbiased=True) + eps) * w + b),
+        ("eps belongs inside the square root: (x - mean) / sqrt(var + eps), not / (sqrt(var) + eps)",
+         lambda: (x - mean) / (torch.sqrt(var) + eps) * w + b),
+        ("you used eps = 1e-5 whatever the constructor was given; use self.eps",
+         lambda: (x - mean) / torch.sqrt(var + 1e-5) * w + b),
+        ("eps belongs inside the square root: (x - mean) / sqrt(var + eps); you left it out",
+         lambda: (x - mean) / torch.sqrt(var) * w + b),
+        ("you divided by the variance; divide by the standard deviation, sqrt(var + eps)",
+         lambda: (x - mean) / (var + eps) * w + b),
+        ("you did not subtract the mean (that is RMSNorm); LayerNorm centres each position's channels first",
+         lambda: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w + b),
+        ("the learned scale `weight` is missing: multiply the normalised x by self.weight",
+         lambda: norm + b),
+        ("the learned shift `bias` is missing: add self.bias after scaling",
+         lambda: norm * w),
+        ("the learned scale `weight` and shift `bias` are missing: norm * self.weight + self.bias",
+         lambda: norm),
+        ("weight and bias are swapped: scale by self.weight, then add self.bias",
+         lambda: norm * b + w),
+    ]
+    for dim in range(x.dim() - 1):
+        def wrong_dim(dim=dim):
+            m = x.mean(dim, keepdim=True)
+            return (x - m) / torch.sqrt(x.var(dim, keepdim=True, unbiased=False) + eps) * w + b
+        mistakes.append((f"you normalised over dim {dim} of a {x.dim()}-D input; LayerNorm normalises each "
+                         "position over its C channels, the last dim (dim=-1, keepdim=True)", wrong_dim))
+    mistakes.append(("you normalised over all dims at once; normalise each position over its own C channels "
+                     "(dim=-1, keepdim=True)",
+                     lambda: (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + eps) * w + b))
+    return mistakes
+
+
+def check_layer_norm(LayerNorm):
+    for k, (C, eps, shape, scale, offset) in enumerate(LN_CASES):
+        with _seeded(400 + k):
+            ln = call(LayerNorm, C, eps, name="LayerNorm")
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.uniform_(-1.0, 1.0)
+            x = torch.randn(*shape) * scale + offset
+            if k == len(LN_CASES) - 1:
+                x = torch.randn(*reversed(shape)).transpose(0, -1) * scale + offset
+            before = x.clone()
+            label = f"LayerNorm({C}, eps={eps}) on an input of shape {tuple(shape)}"
+            try:
+                got = call(ln, x, name=f"LayerNorm({C}, eps={eps})")
+            except AssertionError as err:
+                if "RuntimeError" in str(err) and "size" in str(err):
+                    fail(str(err), "the mean and variance over the last dim need keepdim=True to broadcast "
+                                   "against x, whatever the number of dims")
+                raise
+            _unchanged(x, before, label)
+            want = F.layer_norm(x, (C,), ln.weight, ln.bias, eps)
+            diff = _output(got, want, label)
+            if diff is None:
+                continue
+            if diff == float("inf"):
+                fail(f"{label} returned shape {_shape(got)}, expected {tuple(shape)}",
+                     "LayerNorm keeps the shape of its input: keepdim=True on the mean and variance")
+            fail(f"{label} differs from F.layer_norm by up to {diff:.2e}",
+                 _matching(got, _ln_mistakes(x, ln.weight, ln.bias, eps)))
+
+
+# ---------------------------------------------------------------- gelu
+
+def _gelu_mistakes(x):
+    c = math.sqrt(2 / math.pi)
+    return [
+        ("this is the exact GELU, x * Phi(x) with erf (F.gelu's default); GPT-2 uses the tanh approximation "
+         "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", lambda: F.gelu(x)),
+        ("this is ReLU; GPT-2's GELU is smooth and slightly negative for x < 0", lambda: torch.relu(x)),
+        ("this is the sigmoid approximation x * sigmoid(1.702 x); GPT-2 uses the tanh form",
+         lambda: x * torch.sigmoid(1.702 * x)),
+        ("the factor 0.5 is missing", lambda: x * (1 + torch.tanh(c * (x + 0.044715 * x ** 3)))),
+        ("the factor x in front is missing: 0.5 * x * (1 + tanh(...))",
+         lambda: 0.5 * (1 + torch.tanh(c * (x + 0.044715 * x ** 3)))),
+        ("the cubic term 0.044715 x^3 is missing inside the tanh", lambda: 0.5 * x * (1 + torch.tanh(c * x))),
+        ("the cubic term is 0.044715 x^3, not x^2", lambda: 0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x ** 2)))),
+        ("the constant is sqrt(2 / pi), not sqrt(2 * pi)",
+         lambda: 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * (x + 0.044715 * x ** 3)))),
+        ("the sqrt(2 / pi) factor is missing inside the tanh",
+         lambda: 0.5 * x * (1 + torch.tanh(x + 0.044715 * x ** 3))),
+    ]
+
+
+def check_gelu(gelu):
+    with _seeded(410):
+        inputs = [torch.linspace(-8.0, 8.0, 1601), torch.randn(3, 4, 5) * 3, torch.tensor([0.0, -1e-3, 1e-3]),
+                  torch.randn(7, 3).t()]
+    for x in inputs:
+        before = x.clone()
+        label = f"gelu on an input of shape {tuple(x.shape)}"
+        got = call(gelu, x, name="gelu")
+        _unchanged(x, before, label)
+        want = F.gelu(x, approximate="tanh")
+        diff = _output(got, want, label)
+        if diff is None:
+            continue
+        if diff == float("inf"):
+            fail(f"{label} returned shape {_shape(got)}, expected {tuple(x.shape)}",
+                 "gelu works element by element: the output has the input's shape")
+        worst = (got - want).abs().argmax()
+        fail(f"{label} differs from F.gelu(x, approximate='tanh') by up to {diff:.2e} "
+             f"(at x = {x.flatten()[worst].item():.3f})", _matching(got, _gelu_mistakes(x)))
+
+
+# ---------------------------------------------------------------- MLP
+
+def _mlp_mistakes(mlp, x):
+    fc = lambda v: F.linear(v, mlp.c_fc.weight, mlp.c_fc.bias)  # noqa: E731
+    proj = lambda v: F.linear(v, mlp.c_proj.weight, mlp.c_proj.bias)  # noqa: E731
+    tanh_gelu = lambda v: F.gelu(v, approximate="tanh")  # noqa: E731
+    return [
+        ("the activation is missing: without gelu between c_fc and c_proj the MLP is one linear map",
+         lambda: proj(fc(x))),
+        ("the MLP uses ReLU; use GPT-2's gelu (your function above) between c_fc and c_proj",
+         lambda: proj(torch.relu(fc(x)))),
+        ("the MLP uses the exact (erf) GELU, F.gelu(x) by default; GPT-2's is the tanh form, your gelu above",
+         lambda: proj(F.gelu(fc(x)))),
+        ("gelu goes between c_fc and c_proj, not after c_proj", lambda: tanh_gelu(proj(fc(x)))),
+        ("gelu goes between c_fc and c_proj, not before c_fc", lambda: proj(fc(tanh_gelu(x)))),
+        ("gelu goes once, between c_fc and c_proj, not after c_proj as well",
+         lambda: tanh_gelu(proj(tanh_gelu(fc(x))))),
+        ("the MLP returns c_proj(gelu(c_fc(x))) alone; the residual x + ... is the Block's job",
+         lambda: x + proj(tanh_gelu(fc(x)))),
+    ]
+
+
+MLP_CASES = [(4, (2, 3, 4)), (24, (1, 1, 24)), (10, (5, 10))]
+
+
+def check_mlp(MLP):
+    for k, (C, shape) in enumerate(MLP_CASES):
+        with _seeded(420 + k):
+            mlp = call(MLP, C, name="MLP")
+            for p in mlp.parameters():  # weights large enough that every form of GELU shows
+                p.normal_(0.0, 0.7)
+            x = torch.randn(*shape) * 2
+            before = x.clone()
+            label = f"MLP({C}) on an input of shape {shape}"
+            got = call(mlp, x, name=f"MLP({C})")
+            _unchanged(x, before, label)
+            want = F.linear(F.gelu(F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias), approximate="tanh"),
+                            mlp.c_proj.weight, mlp.c_proj.bias)
+            diff = _output(got, want, label, atol=1e-4)
+            if diff is None:
+                continue
+            if diff == float("inf"):
+                fail(f"{label} returned shape {_shape(got)}, expected {shape}",
+                     "c_fc widens C to 4C, gelu keeps the shape, c_proj brings 4C back to C")
+            fail(f"{label} differs from c_proj(gelu(c_fc(x))) by up to {diff:.2e}",
+                 _matching(got, _mlp_mistakes(mlp, x), atol=1e-4))
+
+
+# ---------------------------------------------------------------- Hugging Face's GPT-2, the oracle
+
+def _hf_config(vocab_size, block_size, n_layer, n_head, n_embd, eps):
+    """GPT-2 as Hugging Face writes it. A GPT2Block built alone has no attention implementation chosen for
+    it otherwise; "sdpa" is causal without a mask (eager would need one)."""
+    from transformers import GPT2Config
+    return GPT2Config(vocab_size=vocab_size, n_positions=block_size, n_layer=n_layer, n_head=n_head,
+                      n_embd=n_embd, layer_norm_epsilon=eps, activation_function="gelu_new",
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
+                      tie_word_embeddings=True, attn_implementation="sdpa")
+
+
+def _randomise(module: torch.nn.Module) -> None:
+    """Random values for every parameter, LayerNorms and biases included (HF initialises those to 1 and 0,
+    which would hide a LayerNorm used in the wrong place)."""
+    for name, p in module.named_parameters():
+        if p.dim() == 1 and ("ln_" in name):
+            p.uniform_(0.5, 1.5) if name.endswith("weight") else p.normal_(0.0, 0.3)
+        elif p.dim() == 1:
+            p.normal_(0.0, 0.2)
+        else:
+            p.normal_(0.0, 0.5 if name.endswith(("wte.weight", "wpe.weight")) else 0.2)
+
+
+def _block_state_dict(hf_block) -> dict[str, torch.Tensor]:
+    """A Hugging Face GPT2Block's tensors under minigpt's names (the same, with Conv1D weights transposed)."""
+    return {name: t.t().contiguous() if name.endswith(_CONV1D) else t.clone()
+            for name, t in hf_block.state_dict().items() if not name.endswith((".attn.bias", ".masked_bias"))}
+
+
+def _hf_attn(hf_block):
+    return lambda h: hf_block.attn(h)[0]
+
+
+def _part_mistake(module, hf_module, x, name: str, what: str, atol: float) -> str:
+    """If the learner's part ``module`` gives other values than Hugging Face's ``hf_module`` on ``x``, say so."""
+    try:
+        got = module(x)
+    except Exception as err:  # noqa: BLE001
+        return f"{name} raised {type(err).__name__}: {err}; {what}"
+    want = hf_module(x)
+    want = want[0] if isinstance(want, tuple) else want
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or (got - want).abs().max().item() > atol:
+        return f"{name} on its own differs from the same part of Hugging Face's GPT-2; {what}"
+    return ""
+
+
+def _block_parts_mistake(block, hf_block, x, name: str) -> str:
+    """Name the first part of a block that is wrong on its own: LayerNorm, MLP (this chapter) or attention."""
+    y = hf_block.ln_1(x)
+    parts = [
+        (block.ln_1, hf_block.ln_1, x, "ln_1", "fix LayerNorm first (test_layer_norm)"),
+        (block.ln_2, hf_block.ln_2, x, "ln_2", "fix LayerNorm first (test_layer_norm)"),
+        (block.mlp, hf_block.mlp, y, "mlp", "fix gelu and MLP first (test_mlp)"),
+        (block.attn, _hf_attn(hf_block), y, "attn",
+         "the block's attention is chapter 3's CausalSelfAttention (minigpt.attention): fix it there"),
+    ]
+    for module, hf_module, inp, part, what in parts:
+        why = _part_mistake(module, hf_module, inp, f"{name}{part}", what, atol=1e-4)
+        if why:
+            return why
+    return ""
+
+
+def _block_mistakes(hf_block, x):
+    ln_1, ln_2, attn, mlp = hf_block.ln_1, hf_block.ln_2, _hf_attn(hf_block), hf_block.mlp
+
+    def two_steps(first, second):
+        h = first(x)
+        return second(h)
+
+    return [
+        ("this is a post-norm block, ln(x + attn(x)): GPT-2 is pre-norm, x + attn(ln_1(x)), then "
+         "x + mlp(ln_2(x)); the residual stream itself is never normalised",
+         lambda: two_steps(lambda v: ln_1(v + attn(v)), lambda h: ln_2(h + mlp(h)))),
+        ("the residual around attention is missing: x = x + attn(ln_1(x)), not x = attn(ln_1(x))",
+         lambda: two_steps(lambda v: attn(ln_1(v)), lambda h: h + mlp(ln_2(h)))),
+        ("the residual around the MLP is missing: x = x + mlp(ln_2(x)), not x = mlp(ln_2(x))",
+         lambda: two_steps(lambda v: v + attn(ln_1(v)), lambda h: mlp(ln_2(h)))),
+        ("both residuals are missing: each layer's output is added to x (x = x + ...), not put in its place",
+         lambda: mlp(ln_2(attn(ln_1(x))))),
+        ("ln_2 is used before attention too; attention reads ln_1(x), the MLP reads ln_2(x)",
+         lambda: two_steps(lambda v: v + attn(ln_2(v)), lambda h: h + mlp(ln_2(h)))),
+        ("ln_1 is used before the MLP too; attention reads ln_1(x), the MLP reads ln_2(x)",
+         lambda: two_steps(lambda v: v + attn(ln_1(v)), lambda h: h + mlp(ln_1(h)))),
+        ("ln_1 and ln_2 are swapped; attention reads ln_1(x), the MLP reads ln_2(x)",
+         lambda: two_steps(lambda v: v + attn(ln_2(v)), lambda h: h + mlp(ln_1(h)))),
+        ("the MLP runs before attention; GPT-2's block runs attention first, then the MLP",
+         lambda: two_steps(lambda v: v + mlp(ln_2(v)), lambda h: h + attn(ln_1(h)))),
+        ("attention and MLP both read the block's input (a 'parallel' block); in GPT-2 the MLP reads "
+         "x after attention's output was added", lambda: x + attn(ln_1(x)) + mlp(ln_2(x))),
+        ("the residual is added to the normalised x; the residual stream x itself is never normalised: "
+         "x + attn(ln_1(x))",
+         lambda: two_steps(lambda v: ln_1(v) + attn(ln_1(v)), lambda h: ln_2(h) + mlp(ln_2(h)))),
+        ("the LayerNorms are missing: x + attn(ln_1(x)), then x + mlp(ln_2(x))",
+         lambda: two_steps(lambda v: v + attn(v), lambda h: h + mlp(h))),
+    ]
+
+
+BLOCK_CONFIGS = [  # (n_embd, n_head, block_size, layer_norm_epsilon)
+    (16, 2, 8, 1e-5),
+    (24, 3, 12, 1e-3),
+]
+
+
+def _load(module, state_dict, name: str) -> None:
+    try:
+        module.load_state_dict(state_dict)
+    except Exception as err:  # noqa: BLE001
+        fail(f"Hugging Face's GPT-2 weights do not load into {name}: {err}",
+             "keep GPT-2's names and shapes (ln_1, attn, ln_2, mlp with c_fc and c_proj), as given")
+
+
+def check_block(Block, GPTConfig):
+    with _quiet_hf():
+        _check_block(Block, GPTConfig)
+
+
+def _check_block(Block, GPTConfig):
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    for k, (C, n_head, block_size, eps) in enumerate(BLOCK_CONFIGS):
+        with _seeded(430 + k):
+            config = call(GPTConfig, vocab_size=50, block_size=block_size, n_layer=2, n_head=n_head, n_embd=C,
+                          layer_norm_epsilon=eps, name="GPTConfig")
+            name = f"Block(GPTConfig(n_embd={C}, n_head={n_head}, layer_norm_epsilon={eps}))"
+            block = call(Block, config, name="Block")
+            hf_block = GPT2Block(_hf_config(50, block_size, 2, n_head, C, eps)).eval()
+            _randomise(hf_block)
+            _load(block, _block_state_dict(hf_block), name)
+            block.eval()
+            for B, T in ((2, block_size), (1, 1), (3, 5)):
+                x = torch.randn(B, T, C) * 2 + 0.5
+                before = x.clone()
+                label = f"{name} on an input of shape {(B, T, C)}"
+                got = call(block, x, name=name)
+                _unchanged(x, before, label)
+                want = hf_block(x)
+                want = want[0] if isinstance(want, tuple) else want
+                diff = _output(got, want, label, atol=1e-4)
+                if diff is None:
+                    continue
+                if diff == float("inf"):
+                    fail(f"{label} returned shape {_shape(got)}, expected {(B, T, C)}",
+                         "a block keeps the shape (B, T, C): the residual stream goes in and comes out")
+                hint = _block_parts_mistake(block, hf_block, x, "Block.") or \
+                    _matching(got, _block_mistakes(hf_block, x), atol=1e-4)
+                fail(f"{label} differs from Hugging Face's GPT2Block with the same weights by up to {diff:.2e}",
+                     hint)
+
+
+# ---------------------------------------------------------------- GPT
+
+GPT_CONFIGS = [  # (vocab_size, block_size, n_layer, n_head, n_embd, layer_norm_epsilon)
+    (97, 12, 3, 2, 16, 1e-5),
+    (211, 9, 2, 4, 24, 1e-3),
+]
+
+
+def _hf_model(config_args, seed: int):
+    from transformers import GPT2LMHeadModel
+    with _seeded(seed):
+        hf = GPT2LMHeadModel(_hf_config(*config_args)).eval()
+        _randomise(hf)
+    assert hf.lm_head.weight is hf.transformer.wte.weight, "the oracle's LM head must be tied"
+    return hf
+
+
+def _hf_logits(hf, idx) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(idx).logits
+
+
+def _gpt_mistakes(hf, idx, want):
+    t = hf.transformer
+    head = lambda v: hf.lm_head(v)  # noqa: E731
+    blocks = list(t.h)
+    pos = torch.arange(idx.shape[1])
+    emb = t.wte(idx) + t.wpe(pos)
+
+    def run(x, order, norm_each=False):
+        for block in order:
+            x = block(x)
+            x = x[0] if isinstance(x, tuple) else x
+            x = t.ln_f(x) if norm_each else x
+        return x
+
+    return [
+        ("the final LayerNorm ln_f is missing: logits = lm_head(ln_f(x)) after the last block",
+         lambda: head(run(emb, blocks))),
+        ("the position embeddings are missing: the blocks must read token + position embeddings, self.emb(idx), "
+         "not the token table wte alone", lambda: head(t.ln_f(run(t.wte(idx), blocks)))),
+        ("the blocks ran in reverse order; run self.h in order, h[0] first",
+         lambda: head(t.ln_f(run(emb, blocks[::-1])))),
+        ("only the last block ran; x must go through every block in self.h, in order",
+         lambda: head(t.ln_f(run(emb, blocks[-1:])))),
+        ("only the first block ran; x must go through every block in self.h, in order",
+         lambda: head(t.ln_f(run(emb, blocks[:1])))),
+        ("the blocks never ran; x must go through every block in self.h, in order",
+         lambda: head(t.ln_f(emb))),
+        ("ln_f ran after every block; it runs once, after the last block",
+         lambda: head(run(emb, blocks, norm_each=True))),
+        ("these are probabilities (softmax); GPT.forward returns the logits, before any softmax",
+         lambda: torch.softmax(want, dim=-1)),
+        ("these are log-probabilities (log_softmax); GPT.forward returns the logits themselves",
+         lambda: torch.log_softmax(want, dim=-1)),
+    ]
+
+
+def _gpt_shape_hint(got, B, T, config_args) -> str:
+    vocab_size, block_size, _, _, n_embd, _ = config_args
+    if tuple(got.shape) == (B, vocab_size):
+        return "return the logits at every position, (B, T, vocab_size); chapter 5 picks the last one"
+    if tuple(got.shape) == (B, T, n_embd):
+        return "these are the final vectors (B, T, C): the LM head turns them into logits, lm_head(ln_f(x))"
+    if tuple(got.shape) == (B, T, block_size):
+        return "these logits come from the position table wpe; the LM head is tied to the token table wte"
+    return "one logit per vocabulary entry at every position: (B, T, vocab_size)"
+
+
+def _gpt_parts_mistake(model, hf, idx) -> str:
+    """Name a wrong part of the model: its embeddings (chapter 2), a block, or ln_f."""
+    t = hf.transformer
+    emb = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
+    why = _part_mistake(model.emb, lambda i: emb, idx, "model.emb", "the embeddings are chapter 2's Embeddings "
+                        "(minigpt.embeddings): fix them there", atol=1e-5)
+    if why:
+        return why
+    why = _block_parts_mistake(model.h[0], t.h[0], emb, "model.h[0].")
+    if why:
+        return why
+    why = _part_mistake(model.h[0], t.h[0], emb, "model.h[0]", "fix Block first (test_block)", atol=1e-4)
+    return why or _part_mistake(model.ln_f, t.ln_f, emb, "model.ln_f", "fix LayerNorm first (test_layer_norm)",
+                                atol=1e-4)
+
+
+def _check_pretrained_logits(GPT, config_args, seed: int) -> None:
+    vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
+    hf = _hf_model(config_args, seed)
+    shape = f"n_layer={n_layer}, n_head={n_head}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size}"
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        model = call(GPT.from_pretrained, folder, name="GPT.from_pretrained")
+    with _seeded(seed + 1):
+        inputs = [torch.randint(0, vocab_size, (2, block_size)), torch.randint(0, vocab_size, (1, 1)),
+                  torch.randint(0, vocab_size, (3, 5))]
+    for idx in inputs:
+        B, T = idx.shape
+        label = f"GPT ({shape}) on ids of shape {(B, T)}"
+        with torch.no_grad():
+            got = call(model, idx, name="GPT.forward")
+        want = _hf_logits(hf, idx)
+        diff = _output(got, want, label, atol=LOGITS_ATOL)
+        if diff is None:
+            continue
+        if diff == float("inf"):
+            fail(f"{label} returned logits of shape {_shape(got)}, expected {(B, T, vocab_size)}",
+                 _gpt_shape_hint(got, B, T, config_args))
+        with torch.no_grad():
+            hint = _gpt_parts_mistake(model, hf, idx) or \
+                _matching(got, _gpt_mistakes(hf, idx, want), atol=LOGITS_ATOL)
+        fail(f"{label}: the logits differ from Hugging Face's GPT2LMHeadModel with the same weights by up to "
+             f"{diff:.2e}", hint)
+
+
+def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
+    """A model made by GPT(config), saved with save_pretrained and loaded by Hugging Face, gives the same
+    logits: true only if the LM head is the token table (HF's checkpoint format has no separate head)."""
+    from transformers import GPT2LMHeadModel
+    vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
+    with _seeded(seed):
+        config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                           n_embd=n_embd, layer_norm_epsilon=eps)
+        model = call(GPT, config, name="GPT").eval()
+        idx = torch.randint(0, vocab_size, (2, block_size))
+        got = call(model, idx, name="GPT.forward")
+    with tempfile.TemporaryDirectory() as folder:
+        call(model.save_pretrained, folder, name="GPT.save_pretrained")
+        hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+    want = _hf_logits(hf, idx)
+    diff = _output(got, want, f"GPT({config})", atol=LOGITS_ATOL)
+    if diff is None:
+        return
+    head, table = getattr(model, "lm_head", None), model.emb.wte.weight
+    if head is not None and getattr(head, "weight", None) is not table:
+        fail(f"GPT({config}): its logits differ by up to {diff:.2e} from the same model saved and loaded in "
+             "Hugging Face, whose LM head is the token table",
+             "lm_head is not tied to the token table: keep `self.lm_head.weight = self.emb.wte.weight` in "
+             "__init__ (weight tying), so the head that writes tokens is the table that reads them")
+    fail(f"GPT({config}): its logits differ by up to {diff:.2e} from the same model saved and loaded in Hugging "
+         "Face", "the logits must come from lm_head, which is tied to the token table emb.wte")
+
+
+def check_gpt(GPT, GPTConfig):
+    with _quiet_hf():
+        for k, config_args in enumerate(GPT_CONFIGS):
+            _check_pretrained_logits(GPT, config_args, seed=440 + 10 * k)
+        _check_weight_tying(GPT, GPTConfig, GPT_CONFIGS[0], seed=460)
+
