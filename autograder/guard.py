@@ -61,6 +61,7 @@ def install(cwd: Path | None = None) -> ReferenceGuard:
     import os
     import warnings
 
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per notebook: grading runs notebooks side by side
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.simplefilter("ignore")

@@ -38,13 +38,15 @@ def call(fn, *args, name: str | None = None, **kwargs):
         raise AssertionError(f"{label} raised {type(err).__name__}: {err}") from err
 
 
-def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs):
-    """Check ``fn(*args, **kwargs) == want``; on failure say what came back and, if given, a hint."""
+def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs) -> None:
+    """Check ``fn(*args, **kwargs) == want``; on failure say what came back and, if given, a hint.
+
+    Returns None on purpose: nbgrader reads a number left as a test cell's last value as partial credit.
+    """
     got = call(fn, *args, name=name, **kwargs)
     if got != want:
         label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
         fail(f"{label} returned {show(got)}, expected {show(want)}", hint)
-    return got
 
 
 def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: str | None = None, **kwargs):
@@ -57,7 +59,7 @@ def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: st
     except exc_type as err:
         if match and match not in str(err):
             fail(f"{label} raised {type(err).__name__}({str(err)!r}), whose message should mention {match!r}", hint)
-        return err
+        return None
     except Exception as err:
         fail(f"{label} raised {type(err).__name__}: {err}; expected {exc_type.__name__}", hint)
     fail(f"{label} returned {show(got)}; expected it to raise {exc_type.__name__}", hint)

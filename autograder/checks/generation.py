@@ -1,0 +1,709 @@
+"""Chapter 5 (the generation loop): hidden checks for last_logits, token_stream, find_stop / held_back and
+TextStream.
+
+The oracles are external. For the model's loop: Hugging Face's ``GPT2LMHeadModel`` with random weights,
+saved to a temporary folder and loaded into the course's reference model (``minigpt.transformer.GPT``, so that
+this chapter grades the loop, not the learner's transformer). Its ``generate(do_sample=False)`` gives the
+greedy tokens when prompt and output fit in the window; for longer runs its forward on the last
+``block_size`` tokens, step by step. For stop strings: ``re.search`` over the escaped alternatives, and a brute
+force over the ends of the text. For streaming: a scripted model (its logits put a fixed next token on top,
+whatever the context) writes a token sequence chosen so that stop strings and UTF-8 characters fall across
+token boundaries, and the expected text is tiktoken's ``decode`` of those ids, cut before the first stop string.
+
+When an answer is wrong, the message names the first case that fails and, for the known mistakes, what the
+mistake is. Nothing here assumes how the learner wrote the code: a while loop, ``torch.inference_mode``,
+decoding the whole text at each step and diffing, or another way to compute ``held_back`` all pass.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import re
+import tempfile
+import warnings
+
+import torch
+
+import coursekit
+from coursekit.testing import call, fail, show
+from minigpt.transformer import GPT, GPTConfig
+
+CHAPTER = "chapter 5 (the generation loop)"
+ATOL = 1e-4
+END = "<|endoftext|>"
+
+
+def _one_thread(check):
+    """Run a check on one CPU thread: the models here are tiny, and threads only wait on each other (on a busy
+    2-core machine, ten times slower)."""
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapper
+
+
+def _run(label: str, fn, *args, hint: str = "", **kwargs):
+    """Run the learner's code; "not written yet" and crashes become messages that start with ``label`` (a
+    readable description of the call: models and long id lists are not printed)."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
+    except Exception as err:  # the learner's bug, reported with the call that triggered it
+        raise AssertionError(f"{label} raised {type(err).__name__}: {err}" + (f"\nHint: {hint}" if hint else "")) \
+            from err
+
+
+# ---------------------------------------------------------------- random GPT-2 models and the HF oracle
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    seed: int
+
+
+# Small windows, so that short runs already overflow them. A larger initializer_range than GPT-2's 0.02
+# spreads the logits, so that no greedy step is a near tie that float rounding could flip (tests check
+# that every step the checks use has a margin of at least 1e-3).
+SHAPES = {
+    "a": Shape(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=24, seed=5),
+    "b": Shape(vocab_size=61, block_size=7, n_layer=1, n_head=3, n_embd=12, seed=11),
+}
+INIT_RANGE = 0.2
+
+
+@functools.cache
+def _models(name: str):
+    """(Hugging Face model, the same weights in minigpt's GPT) for the shape ``name``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    s = SHAPES[name]
+    config = GPT2Config(vocab_size=s.vocab_size, n_positions=s.block_size, n_layer=s.n_layer, n_head=s.n_head,
+                        n_embd=s.n_embd, initializer_range=INIT_RANGE, bos_token_id=None, eos_token_id=None,
+                        pad_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    with torch.random.fork_rng():  # the learner's random state is theirs
+        torch.manual_seed(s.seed)
+        hf = GPT2LMHeadModel(config).eval()
+    with tempfile.TemporaryDirectory() as folder, _quiet():
+        hf.save_pretrained(folder)
+        ours = GPT.from_pretrained(folder)
+    return hf, ours
+
+
+def _ids(n: int, vocab: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def _hf_logits(hf, window: list[int], pos: int = -1) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([window])).logits[0, pos]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No logs, warnings or progress bars from transformers in the learner's notebook."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def hf_generate(hf, prompt: list[int], n: int, eos_ids=()) -> list[int]:
+    """Hugging Face's greedy generate: the new ids (the end-of-text id included, and nothing after it)."""
+    if n == 0:
+        return []  # generate refuses max_new_tokens=0
+    with _quiet():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, num_beams=1, eos_token_id=sorted(eos_ids) or None,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _argmax(logits: torch.Tensor, ids: list[int]) -> int:
+    return int(torch.argmax(logits))
+
+
+def _first(ids: list[int], block: int) -> list[int]:
+    return ids[:block]
+
+
+def _last(ids: list[int], block: int) -> list[int]:
+    return ids[-block:]
+
+
+def _short(ids: list[int], block: int) -> list[int]:
+    return ids[-(block - 1):]
+
+
+def hf_loop(hf, prompt: list[int], n: int, eos_ids=(), choose=_argmax, *, window=_last, pos: int = -1,
+            grow: bool = True, after_eos: str = "yield") -> list[int]:
+    """The loop run step by step with HF's forward on a window: with the defaults, the right answer; the
+    keyword arguments make the known mistakes, to recognise them."""
+    block = hf.config.n_positions
+    ids, out = list(prompt), []
+    for _ in range(n):
+        token = choose(_hf_logits(hf, window(ids, block), pos), list(ids))
+        if token in eos_ids and after_eos != "continue":
+            if after_eos == "yield":
+                out.append(token)
+            break
+        out.append(token)
+        if grow:
+            ids.append(token)
+    return out
+
+
+# ---------------------------------------------------------------- last_logits
+
+# (shape, length): short, exactly the window, one more than the window, several windows.
+LAST_LOGITS_CASES = [("a", 1), ("a", 5), ("b", 3), ("a", 12), ("b", 7), ("a", 13), ("b", 8), ("a", 30), ("b", 20)]
+
+WINDOW_MISTAKES = [
+    (dict(window=_first), "context trimmed from the wrong end (kept the first block_size tokens): the model must "
+                          "read the LAST block_size tokens, ids[-block_size:]"),
+    (dict(window=_short), "the window is one token short: keep the last block_size tokens, not block_size - 1"),
+    (dict(pos=0), "logits taken at position 0 (the first token of the window): the next token's scores are at "
+                  "the LAST position, logits[0, -1]"),
+    (dict(window=_first, pos=0), "logits taken at position 0, and the context trimmed from the wrong end"),
+]
+
+
+@_one_thread
+def check_last_logits(last_logits):
+    for shape, length in LAST_LOGITS_CASES:
+        hf, model = _models(shape)
+        block, vocab = model.config.block_size, model.config.vocab_size
+        ids = _ids(length, vocab, seed=100 * length + block)
+        before = list(ids)
+        label = f"last_logits(<GPT with block_size={block}, vocab_size={vocab}>, <{length} ids>)"
+        hint = "a sequence longer than block_size must be cut to its last block_size tokens" if length > block else ""
+        got = _run(label, last_logits, model, ids, hint=hint)
+        if ids != before:
+            fail(f"{label} changed the list of ids it was given", "read ids, never modify them: slice a copy")
+        want = _hf_logits(hf, _last(ids, block))
+        if not isinstance(got, torch.Tensor):
+            fail(f"{label} returned {type(got).__name__}, expected a torch.Tensor of shape ({vocab},)")
+        if got.shape != want.shape:
+            hint = ""
+            if got.numel() == vocab:
+                hint = f"return a 1-D tensor of {vocab} scores: logits[0, -1], not logits[:, -1]"
+            elif got.dim() >= 2 and got.shape[-1] == vocab:
+                hint = "return only the scores after the LAST position, logits[0, -1]"
+            fail(f"{label} returned a tensor of shape {tuple(got.shape)}, expected ({vocab},)", hint)
+        if got.requires_grad:
+            fail(f"{label} returned a tensor that is part of a gradient graph",
+                 "generation never trains: run the model under torch.no_grad() (or torch.inference_mode())")
+        got = got.detach().float()
+        if torch.allclose(got, want, atol=ATOL, rtol=0):
+            continue
+        hint = ""
+        if torch.allclose(got, torch.softmax(want, -1), atol=1e-6, rtol=0):
+            hint = "you returned probabilities (softmax): return the raw logits; the chooser decides what to do"
+        elif torch.allclose(got, torch.log_softmax(want, -1), atol=ATOL, rtol=0):
+            hint = "you returned log-probabilities (log_softmax): return the raw logits"
+        for mistake, why in WINDOW_MISTAKES:
+            window, pos = mistake.get("window", _last), mistake.get("pos", -1)
+            if torch.allclose(got, _hf_logits(hf, window(ids, block), pos), atol=ATOL, rtol=0):
+                hint = why
+                break
+        fail(f"{label}: wrong logits (largest difference {(got - want).abs().max().item():.2e} from Hugging Face's "
+             f"GPT-2 on the last {min(length, block)} ids)", hint)
+
+
+# ---------------------------------------------------------------- token_stream
+
+@dataclasses.dataclass(frozen=True)
+class LoopCase:
+    shape: str
+    prompt_len: int
+    n: int
+    what: str
+    eos: str = ""  # "" none; "mid" an id that first comes at step >= 2; "first" the first id; "several"
+    choose: bool = False  # True: a chooser that picks the LOWEST score
+
+
+LOOP_CASES = [
+    LoopCase("a", 3, 8, "a prompt of 3 ids, 8 new tokens"),
+    LoopCase("b", 1, 6, "a prompt of 1 id"),
+    LoopCase("a", 5, 0, "max_new_tokens=0"),
+    LoopCase("a", 4, 20, "prompt and output longer than the window (block_size=12)"),
+    LoopCase("b", 12, 6, "a prompt longer than the window (block_size=7)"),
+    LoopCase("a", 3, 9, "an end-of-text id in eos_ids", eos="mid"),
+    LoopCase("b", 2, 6, "the first new token is in eos_ids", eos="first"),
+    LoopCase("a", 6, 6, "several eos_ids, as a tuple", eos="several"),
+    LoopCase("a", 3, 7, "choose = a chooser that picks the LOWEST score", choose=True),
+]
+
+LOOP_MISTAKES = [(dict(window=_first), WINDOW_MISTAKES[0][1] + " (in last_logits)"),
+                 (dict(window=_short), WINDOW_MISTAKES[1][1] + " (in last_logits)"),
+                 (dict(pos=0), WINDOW_MISTAKES[2][1] + " (in last_logits)"),
+                 (dict(grow=False), "the context never grows: append each chosen token to the ids before the next "
+                                    "step"),
+                 (dict(after_eos="drop"), "EOS not yielded: yield the end-of-text id, then stop"),
+                 (dict(after_eos="continue"), "tokens generated after EOS: stop right after yielding an id in "
+                                              "eos_ids")]
+
+
+class _Counting(torch.nn.Module):
+    """A model that counts its forward passes."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config, self.calls = model, model.config, 0
+
+    def forward(self, idx):
+        self.calls += 1
+        return self.model(idx)
+
+
+def _lowest(logits, ids) -> int:
+    return int(torch.argmin(logits))
+
+
+def _loop_case(case: LoopCase):
+    """(hf, model, prompt, eos_ids, choose, want) for a case."""
+    hf, model = _models(case.shape)
+    block, vocab = model.config.block_size, model.config.vocab_size
+    prompt = _ids(case.prompt_len, vocab, seed=7 * case.prompt_len + case.n + block)
+    greedy = hf_generate(hf, prompt, case.n) if case.prompt_len + case.n <= block else hf_loop(hf, prompt, case.n)
+    eos: set[int] | tuple[int, ...] | list[int] = []
+    if case.eos == "mid":
+        k = next(i for i in range(2, len(greedy)) if greedy[i] not in greedy[:i])
+        eos = [greedy[k]]
+    elif case.eos == "first":
+        eos = {greedy[0]}
+    elif case.eos == "several":  # one that never comes, and one that comes at step k
+        k = next(i for i in range(1, len(greedy)) if greedy[i] not in greedy[:i])
+        eos = (next(i for i in range(vocab) if i not in greedy), greedy[k])
+    choose = _lowest if case.choose else _argmax
+    if case.choose:
+        want = hf_loop(hf, prompt, case.n, choose=choose)
+    elif eos:
+        want = hf_generate(hf, prompt, case.n, eos_ids=set(eos))
+    else:
+        want = greedy
+    return hf, model, prompt, eos, choose, want
+
+
+@_one_thread
+def check_token_stream(token_stream):
+    for case in LOOP_CASES:
+        hf, model, prompt, eos, choose, want = _loop_case(case)
+        block = model.config.block_size
+        before = list(prompt)
+        seen = []
+
+        def recording(logits, ids, _seen=seen):
+            _seen.append(([int(i) for i in ids], logits))
+            return choose(logits, ids)
+
+        kwargs = {}
+        if eos:
+            kwargs["eos_ids"] = eos
+        if case.choose:
+            kwargs["choose"] = recording
+        label = (f"token_stream(<GPT with block_size={block}>, <{len(prompt)} ids>, {case.n}"
+                 + "".join(f", {k}={show(v) if k == 'eos_ids' else '<lowest score>'}" for k, v in kwargs.items())
+                 + f") ({case.what})")
+        long = len(prompt) + case.n > block
+        got = _run(label, lambda: list(token_stream(model, prompt, case.n, **kwargs)),
+                   hint="a context longer than block_size is cut in last_logits" if long else "")
+        if prompt != before:
+            fail(f"{label}: the prompt list mutated: it was {show(before)}, it is now {show(prompt)}",
+                 "token_stream must not change the caller's list: copy it first, ids = list(prompt_ids)")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in got):
+            bad = next(t for t in got if isinstance(t, bool) or not isinstance(t, int))
+            fail(f"{label} yielded {show(bad)} ({type(bad).__name__}); yield plain int ids",
+                 "yield what choose returns; int(torch.argmax(...)) for a tensor")
+        if got == want:
+            if case.choose:
+                _check_choose_calls(label, seen, prompt, want, hf)
+            continue
+        fail(f"{label} yielded {show(got)}; Hugging Face's GPT-2 gives {show(want)}",
+             _loop_hint(case, hf, prompt, eos, choose, got, want))
+    _check_lazy(token_stream)
+
+
+def _loop_hint(case, hf, prompt, eos, choose, got, want) -> str:
+    for mistake, why in LOOP_MISTAKES:
+        if hf_loop(hf, prompt, case.n, set(eos), choose, **mistake) == got != want:
+            return why
+    if case.choose and got == hf_loop(hf, prompt, case.n, set(eos)):
+        return "token_stream ignored `choose`: call choose(logits, ids) to pick each token"
+    if got == want[:len(got)] and len(got) == len(want) - 1:
+        return f"one token short: yield max_new_tokens ({case.n}) tokens, unless an end-of-text id comes first"
+    if got[:len(want)] == want and len(got) > len(want):
+        if eos and want and want[-1] in eos:
+            return "tokens generated after EOS: stop right after yielding an id in eos_ids"
+        return f"too many tokens: at most max_new_tokens ({case.n})"
+    return ""
+
+
+def _check_choose_calls(label, seen, prompt, want, hf):
+    if len(seen) != len(want):
+        fail(f"{label}: choose was called {len(seen)} times for {len(want)} tokens", "call it once per new token")
+    vocab = hf.config.vocab_size
+    for k, (ids, logits) in enumerate(seen):
+        if ids != prompt + want[:k]:
+            fail(f"{label}: at step {k}, choose got ids {show(ids)}, expected the prompt and the tokens so far, "
+                 f"{show(prompt + want[:k])}")
+        window = (prompt + want[:k])[-hf.config.n_positions:]
+        if not isinstance(logits, torch.Tensor) or logits.shape != (vocab,):
+            got = f"a tensor of shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else show(logits)
+            fail(f"{label}: at step {k}, choose got {got} as logits, expected a tensor of shape ({vocab},)",
+                 "pass it last_logits(model, ids), the scores of the next token only (check test_last_logits)")
+        if not torch.allclose(logits.detach().float(), _hf_logits(hf, window), atol=ATOL, rtol=0):
+            fail(f"{label}: at step {k}, choose got other logits than the model's after the ids so far",
+                 "pass last_logits(model, ids) to choose")
+
+
+def _check_lazy(token_stream):
+    hf, model = _models("a")
+    counting = _Counting(model)
+    n = 10
+    label = f"token_stream(<GPT>, <3 ids>, {n})"
+    _run(label, lambda: next(iter(token_stream(counting, _ids(3, model.config.vocab_size, seed=1), n))))
+    if counting.calls >= n:
+        fail(f"token_stream(<GPT>, <3 ids>, {n}) ran {counting.calls} forward passes before giving its first token",
+             "yield each token as soon as it is chosen (a generator), so the caller can show it at once")
+
+
+# ---------------------------------------------------------------- find_stop and held_back
+
+FIND_STOP_CASES = [
+    ("to be or not to be", ["not"]),
+    ("stop at the start", ["stop"]),
+    ("Hello\n\nWorld", ["\n\n"]),
+    ("the end. THE END", ["THE END", "end"]),
+    ("abcabc", ["cab", "bca"]),
+    ("to be or not to be", ["be"]),
+    ("aaa", ["aa"]),
+    ("xyz", ["q", "r"]),
+    ("nothing here", []),
+    ("日本語のテキスト", ["テキ"]),
+    ("party 🎉 time", ("time", "🎉")),
+    ("Exit, pursued by a bear.\n", ("\n", "bear", "Exit")),
+]
+
+
+def oracle_find_stop(text: str, stops) -> int | None:
+    stops = list(stops)
+    m = re.search("|".join(map(re.escape, stops)), text) if stops else None
+    return m.start() if m else None
+
+
+def oracle_held_back(text: str, stops) -> int:
+    return max((n for n in range(len(text) + 1) for s in stops if n < len(s) and s.startswith(text[len(text) - n:])),
+               default=0)
+
+
+def _find_stop_hint(text, stops, got, want) -> str:
+    found = [(text.find(s), s) for s in stops if s in text]
+    if got == -1 and want is None:
+        return "return None when no stop string occurs, not -1"
+    if want == 0 and got is None:
+        return "0 is a valid index: the stop string begins the text (test `is not None`, not truthiness)"
+    if found and got == next(i for i, _ in found):
+        return "you returned the first stop string in the list that occurs; return the EARLIEST occurrence in the text"
+    if any(got == i + len(s) for i, s in found):
+        return "return the index where the stop string BEGINS, not where it ends"
+    if any(got == text.rfind(s) for _, s in found):
+        return "return the FIRST occurrence, not the last"
+    return "the index where the earliest occurrence of any stop string begins, or None"
+
+
+HELD_BACK_CASES = [
+    ("Hello\n", ["\n\n"]),
+    ("Hello", ["\n\n"]),
+    ("", ["\n\n"]),
+    ("the end. THE EN", ["THE END"]),
+    ("Fin <EN", ["<END>"]),
+    ("abz", ["xyz", "z!"]),
+    ("aa", ["aab"]),
+    ("Alas\n\n", ["\n\n\n"]),
+    ("xab", ["abc", "b!"]),
+    ("word ", ["Wor"]),
+    ("🎉 par", ["party"]),
+    ("abcab", ["abcabd"]),
+    ("anything", []),
+    ("ROMEO:\nO", ("JULIET:", "\nO, ")),
+]
+
+HELD_BACK_MISTAKES = [
+    (lambda text, stops: oracle_held_back(text, stops[:1]),
+     "you looked at the first stop string only; any of them may be starting"),
+    (lambda text, stops: min((n for n in range(1, len(text) + 1) for s in stops
+                              if n < len(s) and s.startswith(text[len(text) - n:])), default=0),
+     "you held back the SHORTEST end of the text that starts a stop string; hold back the LONGEST"),
+    (lambda text, stops: int(oracle_held_back(text, stops) > 0),
+     "you held back at most one character; the end of the text may match several characters of a stop string"),
+]
+
+
+@_one_thread
+def check_stop_strings(find_stop, held_back):
+    for text, stops in FIND_STOP_CASES:
+        got = call(find_stop, text, stops, name="find_stop")
+        want = oracle_find_stop(text, stops)
+        if got != want or isinstance(got, bool):
+            fail(f"find_stop({show(text)}, {show(stops)}) returned {show(got)}, expected {show(want)}",
+                 _find_stop_hint(text, stops, got, want))
+    for text, stops in HELD_BACK_CASES:
+        got = call(held_back, text, stops, name="held_back")
+        want = oracle_held_back(text, stops)
+        if got != want or isinstance(got, bool):
+            hint = next((why for mistake, why in HELD_BACK_MISTAKES if mistake(text, list(stops)) == got), "")
+            if isinstance(got, str):
+                hint = "return the number of characters to hold back, not the characters"
+            fail(f"held_back({show(text)}, {show(stops)}) returned {show(got)}, expected {show(want)}",
+                 hint or "the length of the longest end of the text that is the start (not the whole) of a stop "
+                         "string")
+
+
+# ---------------------------------------------------------------- TextStream
+
+@functools.cache
+def _encoding():
+    return coursekit.gpt2_encoding()
+
+
+class Scripted(torch.nn.Module):
+    """A model that writes a script: after the prompt and k tokens, its logits put ``script[k]`` on top (and
+    at earlier positions the token that followed them in the script), whatever the context says."""
+
+    FILLER = 30  # "?": what it predicts after the prompt's earlier positions
+
+    def __init__(self, prompt_len: int, script: list[int], vocab_size: int = 50257, block_size: int = 1024):
+        super().__init__()
+        self.config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=1, n_head=1, n_embd=1)
+        self.prompt_len, self.script, self.calls = prompt_len, list(script), 0
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        batch, t = idx.shape
+        logits = torch.zeros(batch, t, self.config.vocab_size)
+        for pos in range(t):
+            k = pos + 1 - self.prompt_len
+            logits[:, pos, self.script[k] if 0 <= k < len(self.script) else self.FILLER] = 10.0
+        return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamCase:
+    what: str
+    pieces: tuple  # each str is encoded on its own (so tokens break between pieces); an int is an id
+    stop: tuple[str, ...] | str = ()
+    max_new: int | None = None  # None: the whole script
+    prompt: str = "ROMEO:"
+    eos_ids: tuple[int, ...] | None = None
+    choose: tuple[str, ...] = ()  # pieces that a chooser writes, whatever the model says
+
+    def script(self) -> list[int]:
+        enc = _encoding()
+        return [i for p in self.pieces for i in ([p] if isinstance(p, int) else enc.encode(p))]
+
+
+STREAM_CASES = [
+    StreamCase("no stop string", (" Good", " morrow", ",", " cousin", ".")),
+    StreamCase("the stop string '\\n\\n' split across two tokens", (" Go", " hence", ".", "\n", "\n", "Exit"),
+               stop="\n\n"),
+    StreamCase("a stop string split across three tokens", (" So", " it", " ends", ".", " THE", " EN", "D", " of"),
+               stop=("THE END",)),
+    StreamCase("a stop string split across four tokens", ("Fin", " <", "EN", "D", ">", " more"), stop=("<END>",)),
+    StreamCase("the stop string is one token", (" I", " go", ".", "\n\n", "Next"), stop=("\n\n",)),
+    StreamCase("a stop string that begins and ends inside tokens", (" Hello", " world", " again"), stop="lo wo"),
+    StreamCase("several stop strings: the earliest in the text wins", (" Hello", " world", "!"),
+               stop=("rld", "o w")),
+    StreamCase("a stop string never completed: what was held back is shown at the end",
+               (" Fare", "well", ".", "\n"), stop=("\n\n",)),
+    StreamCase("the start of a stop string that turns out not to be one", (" THE", " EN", "EMY", " comes"),
+               stop=("THE END",)),
+    StreamCase("an emoji and a CJK character split across tokens", (" Party 🎉 and 語 done",)),
+    StreamCase("the stop string is an emoji split across three tokens", (" Party 🎉 time",), stop=("🎉",)),
+    StreamCase("an incomplete character at the very end", (" cake", 12520, 235)),
+    StreamCase("an invalid byte in the middle", (" a", 236, " b")),
+    StreamCase("the end-of-text token comes first", (50256, " never")),
+    StreamCase("an end-of-text token while the start of a stop string is held back",
+               (" Good", "night", "\n", 50256, " more"), stop=("\n\n",)),
+    StreamCase("an end-of-text token after half a character", (" cake", 12520, 50256, 235)),
+    StreamCase("max_new_tokens=0", (" nothing",), max_new=0),
+    StreamCase("max_new_tokens cuts the script", (" one", " two", " three", " four"), max_new=2),
+    StreamCase("the stop string is completed by the last allowed token", (" a", "\n", "\n", " b"),
+               stop=("\n\n",), max_new=3),
+    StreamCase("the prompt contains the stop string", (" C", "\n", "\n", "D"), stop=("\n\n",), prompt="A\n\nB"),
+    StreamCase("eos_ids=(13,) ('.')", (" Yes", ".", " No"), eos_ids=(13,)),
+    StreamCase("a chooser that writes its own tokens", (" model", " text"), choose=(" chosen", " words")),
+]
+
+
+@dataclasses.dataclass
+class Expected:
+    ids: list[int]
+    text: str
+    finish_reason: str
+    stop: str | None = None  # the stop string that ended it
+
+
+def expected_stream(script: list[int], stops: list[str], eos_ids: set[int], max_new: int) -> Expected:
+    """The oracle: tiktoken's decode of the ids written so far, checked for a stop string after each token."""
+    enc = _encoding()
+    for k in range(min(max_new, len(script))):
+        ids = script[:k + 1]
+        if ids[-1] in eos_ids:
+            return Expected(ids, enc.decode(ids[:-1]), "eos")
+        text = enc.decode(ids)
+        cut = oracle_find_stop(text, stops)
+        if cut is not None:
+            stop = min((s for s in stops if text.find(s) == cut), key=len)
+            return Expected(ids, text[:cut], "stop", stop)
+    ids = script[:max_new]
+    return Expected(ids, enc.decode(ids), "length")
+
+
+@_one_thread
+def check_text_stream(TextStream):
+    enc = _encoding()
+    eos_default = {enc.encode(END, allowed_special="all")[0]}
+    for case in STREAM_CASES:
+        script = case.script()
+        prompt_ids = enc.encode(case.prompt)
+        chooser_script = [i for p in case.choose for i in enc.encode(p)]
+        model = Scripted(len(prompt_ids), script)
+        stops = [case.stop] if isinstance(case.stop, str) else list(case.stop)
+        max_new = len(script) if case.max_new is None else case.max_new
+        eos = eos_default if case.eos_ids is None else set(case.eos_ids)
+        want = expected_stream(chooser_script or script, stops, eos, max_new)
+        kwargs = {"stop": case.stop}
+        if case.eos_ids is not None:
+            kwargs["eos_ids"] = case.eos_ids
+        if chooser_script:
+            kwargs["choose"] = lambda logits, ids, _n=len(prompt_ids), _s=chooser_script: _s[len(ids) - _n]
+        label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(case.prompt)}, {max_new}, stop={show(case.stop)}" + \
+            (f", eos_ids={case.eos_ids}" if case.eos_ids is not None else "") + \
+            (", choose=<writes its own tokens>" if chooser_script else "") + f") ({case.what})"
+        stream = _run(label, TextStream, model, enc, case.prompt, max_new, **kwargs)
+        pieces = _run(f"list({label})", list, stream)
+        _check_stream(label, case, stream, pieces, want, chooser_script or script, stops)
+    _check_streams_early(TextStream)
+
+
+def _check_stream(label, case, stream, pieces, want: Expected, script, stops):
+    enc = _encoding()
+    if not all(isinstance(p, str) for p in pieces):
+        bad = next(p for p in pieces if not isinstance(p, str))
+        fail(f"{label} yielded {show(bad)} ({type(bad).__name__}); yield pieces of text (str)")
+    text = "".join(pieces)
+    got_ids = getattr(stream, "ids", None)
+    if isinstance(got_ids, list) and got_ids != script[:len(got_ids)]:
+        fail(f"{label}: self.ids is {show(got_ids)}, but the model wrote {show(want.ids)}",
+             "these are not the ids the model wrote: check token_stream and last_logits first (test_token_stream)")
+    if "\ufffd" in text and "\ufffd" not in want.text:
+        fail(f"{label}: stream emits broken UTF-8 (decoded each token on its own): pieces {show(pieces)}, "
+             f"expected text {show(want.text)}",
+             "a character can span several tokens: feed each token's bytes to one incremental UTF-8 decoder "
+             "(codecs.getincrementaldecoder), which keeps incomplete bytes until the rest arrives")
+    if END in text and END not in want.text:
+        fail(f"{label}: the end-of-text token's text was shown: pieces {show(pieces)}",
+             "stop at an id in eos_ids without decoding it (it is recorded in ids, never shown)")
+    got_text = getattr(stream, "text", None)
+    if got_text != text:
+        fail(f"{label}: self.text is {show(got_text)} but the pieces joined are {show(text)}",
+             "add every piece you yield to self.text")
+    if text != want.text:
+        fail(f"{label}: the text is {show(text)} (pieces {show(pieces)}), expected {show(want.text)}",
+             _text_hint(case, stream, text, want, stops))
+    if got_ids != want.ids:
+        fail(f"{label}: self.ids is {show(got_ids)}, expected {show(want.ids)}", _ids_hint(got_ids, want, script))
+    reason = getattr(stream, "finish_reason", None)
+    if reason != want.finish_reason:
+        fail(f"{label}: finish_reason is {show(reason)}, expected {show(want.finish_reason)}",
+             {"eos": "an end-of-text token ended it", "stop": "a stop string ended it",
+              "length": "max_new_tokens tokens were written without an end-of-text token or a stop string"}
+             [want.finish_reason])
+
+
+def _text_hint(case, stream, text, want: Expected, stops) -> str:
+    ids = getattr(stream, "ids", None)
+    if want.finish_reason == "stop":
+        stop = want.stop
+        if len(stops) > 1 and text == _cut_at_first_listed(want, stops):
+            return ("with several stop strings, cut at the one that occurs EARLIEST in the text, not at the first "
+                    "one in the list (and hold back text that may start any of them)")
+        if text.startswith(want.text + stop) and ids == want.ids:
+            return "stop string left in the output: show the text before it, not the stop string itself"
+        if any(s in case.prompt for s in stops):
+            return "stop strings are matched in the generated text only, not in the prompt"
+        if stop in text:
+            return (f"the stop string {stop!r} came split across tokens and was never found: stop checked only on "
+                    "the newest token's text. Look for it in all the text not shown yet (held-back text included)")
+        rest = text[len(want.text):] if text.startswith(want.text) else None
+        if rest and stop.startswith(rest):
+            return ("the start of the stop string was shown before the stop string was complete: hold back the text "
+                    "that could be its start (held_back) until the next tokens tell")
+    if want.finish_reason == "stop" and isinstance(ids, list) and len(ids) > len(want.ids):
+        return "generation went on after the stop string was complete: end the stream there"
+    if want.text.startswith(text) and len(text) < len(want.text):
+        missing = want.text[len(text):]
+        if missing == "\ufffd" * len(missing):
+            return ("the incomplete character at the very end was dropped: flush the decoder when generation ends "
+                    '(decoder.decode(b"", final=True)), which gives "\\ufffd" as tiktoken\'s decode does')
+        return "text held back at the end was never shown: when generation ends, flush what is left"
+    if case.choose:
+        return "pass self.choose to the token stream"
+    if case.eos_ids is not None:
+        return "use self.eos_ids, not a fixed end-of-text id"
+    return f"this case: {case.what}"
+
+
+def _cut_at_first_listed(want: Expected, stops) -> str | None:
+    """The text cut at the first stop string in the list that occurs, when the stop string is found."""
+    text = _encoding().decode(want.ids)
+    return next((text[:text.find(s)] for s in stops if s in text), None)
+
+
+def _ids_hint(got_ids, want: Expected, script) -> str:
+    if not isinstance(got_ids, list):
+        return "record every generated id in self.ids, a list"
+    if got_ids[:len(want.ids)] == want.ids and len(got_ids) > len(want.ids):
+        if want.finish_reason == "eos":
+            return "tokens generated after EOS"
+        if want.finish_reason == "stop":
+            return "generation went on after the stop string was complete"
+    if got_ids == want.ids[:-1] and want.finish_reason == "eos":
+        return "record the end-of-text id in self.ids too"
+    if got_ids == want.ids[:-1]:
+        return "record every generated id in self.ids, the last one included"
+    return ("these are not the ids the model wrote: check token_stream and last_logits first (test_token_stream)")
+
+
+def _check_streams_early(TextStream):
+    """Text must come out while it is written, not all at the end."""
+    enc = _encoding()
+    script = enc.encode(" Now is the winter of our discontent made glorious summer by this sun of York")
+    model = Scripted(len(enc.encode("GLOUCESTER:")), script)
+    label = f"TextStream(<model>, <GPT-2 tokenizer>, 'GLOUCESTER:', {len(script)})"
+    first = _run(f"next(iter({label}))", lambda: next(iter(TextStream(model, enc, "GLOUCESTER:", len(script)))))
+    if model.calls >= len(script):
+        fail(f"TextStream yielded its first piece {show(first)} only after all {len(script)} tokens were written",
+             "yield text as soon as it is safe to show (no incomplete character, nothing that may start a stop "
+             "string), like a chat window")

@@ -1,0 +1,851 @@
+"""Chapter 6 (samplers): hidden checks for the filters, the penalties, sampling and beam search.
+
+The oracles are external. Hugging Face's logits processors (`TemperatureLogitsWarper`, `TopKLogitsWarper`,
+`TopPLogitsWarper`, `MinPLogitsWarper`, `RepetitionPenaltyLogitsProcessor`, `NoRepeatNGramLogitsProcessor`)
+on random logits: batches, single rows, ties, entries already at -inf. The OpenAI presence and frequency
+penalties by their formula. `torch.multinomial` on the softmax for sampling, with a chi-square test of the
+frequencies. Hugging Face's `generate(num_beams=k)` on random GPT-2s saved to a temporary folder and loaded
+with the reference `GPT.from_pretrained` (chapter 4 is not what is graded here), with end-of-text ids that
+the model likes, so that some beams finish early.
+
+The checks test what the code computes, never how: loops or vectorised code, `torch.where` or
+`masked_fill`, sorting up or down all pass. Top-p computed on descending probabilities can differ from
+Hugging Face's ascending formula by one token when the running total lands exactly on p, so the inputs
+keep every running total away from p; likewise min-p thresholds, and ties where the cut falls.
+
+When a result is wrong, a check computes what each known mistake gives on the same input and names the
+one that matches.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import tempfile
+
+import torch
+
+from coursekit.testing import fail, show
+
+NEG_INF = float("-inf")
+ATOL = 1e-6
+RTOL = 1e-6
+MARGIN = 1e-4  # how far every running total (top-p) or probability (min-p) stays from the cut
+
+
+@contextlib.contextmanager
+def _seeded(seed: int):
+    """Draw the check's random numbers from a seed of its own, leaving the learner's RNG as it was."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_hf():
+    """No progress bars or generation warnings from transformers in the learner's feedback."""
+    from transformers.utils import logging as hf_logging
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _one_thread(check):
+    """Run a check with one torch thread: its tensors and models are tiny, and on a busy machine two threads
+    that wait for each other make a forward pass of a tiny GPT ten to a hundred times slower."""
+    @functools.wraps(check)
+    def run(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return run
+
+
+def _t(x: torch.Tensor) -> str:
+    return f"<{'logits' if x.is_floating_point() else 'ids'} of shape {tuple(x.shape)}>"
+
+
+def _call(fn, *args, label: str, on_error: str = ""):
+    """The learner's function on fresh copies of the inputs; a crash becomes a message naming the call."""
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        message, hint = f"{label}: not written yet (it still raises NotImplementedError)", ""
+    except Exception as err:  # noqa: BLE001 (the learner's bug, reported with the call that triggered it)
+        message, hint = f"{label} raised {type(err).__name__}: {err}", on_error
+    fail(message, hint)
+
+
+def _hf(processor, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A Hugging Face processor on a copy of ``logits``; they take (B, V), so one row (V,) goes in as (1, V)."""
+    x = logits.clone()
+    if x.dim() == 1:
+        return processor(ids, x[None])[0]
+    return processor(ids, x)
+
+
+# ---------------------------------------------------------------- comparing logits
+
+def _same(got, want: torch.Tensor) -> bool:
+    """Same shape, -inf in the same places, the other values within tolerance."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return False
+    got = got.detach().double()
+    want = want.double()
+    if not torch.equal(torch.isneginf(got), torch.isneginf(want)) or torch.isnan(got).any():
+        return False
+    kept = ~torch.isneginf(want)
+    return bool(((got[kept] - want[kept]).abs() <= ATOL + RTOL * want[kept].abs()).all())
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor, label: str) -> str:
+    """The first place where ``got`` and ``want`` differ, in words (for a filter: the tokens kept)."""
+    if not isinstance(got, torch.Tensor):
+        fail(f"{label} returned {type(got).__name__}; expected a tensor of logits of shape {tuple(want.shape)}")
+    if got.shape != want.shape:
+        fail(f"{label} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}",
+             "return logits of the same shape as the input: (V,) for one row, (B, V) for a batch; work on the "
+             "last dimension (dim=-1)")
+    if not got.is_floating_point():
+        fail(f"{label} returned a tensor of {got.dtype}; expected floating-point logits")
+    vocab = want.shape[-1]
+    g, w = got.detach().double().reshape(-1, vocab), want.double().reshape(-1, vocab)
+    for row, (gr, wr) in enumerate(zip(g, w)):
+        where = "" if want.dim() == 1 else f"row {row}: "
+        if torch.isnan(gr).any():
+            return f"{where}NaN at token {int(torch.isnan(gr).nonzero()[0])}"
+        got_kept, want_kept = (~torch.isneginf(gr)).nonzero().flatten(), (~torch.isneginf(wr)).nonzero().flatten()
+        if not torch.equal(got_kept, want_kept):
+            return (f"{where}{len(got_kept)} tokens not at -inf, {show(got_kept.tolist())}; expected {len(want_kept)}, "
+                    f"{show(want_kept.tolist())}")
+        bad = ((gr - wr).abs() > ATOL + RTOL * wr.abs()) & ~torch.isneginf(wr)
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            return f"{where}token {i} has logit {gr[i].item():.6g}, expected {wr[i].item():.6g}"
+    return ""
+
+
+def _check(fn, args: tuple, want: torch.Tensor, label: str, mistakes=(), note: str = ""):
+    """Fail unless fn(*args) equals ``want``; name the first known mistake that gives the same answer."""
+    got = _call(fn, *args, label=label, on_error=note)
+    diff = _difference(got, want, label)
+    if not diff:
+        return
+    hint = next((why for why, compute in mistakes if _gives(compute, got)), "")
+    fail(f"{label} is wrong at {diff}", hint or _probabilities_hint(got) or _mask_value_hint(got, want) or note)
+
+
+def _gives(compute, got) -> bool:
+    try:
+        value = compute()
+    except Exception:  # noqa: BLE001 (a mistake that cannot even run on this input explains nothing)
+        return False
+    return _same(got, value)
+
+
+def _probabilities_hint(got: torch.Tensor) -> str:
+    """Rows of numbers in [0, 1] that add up to 1 are probabilities, not logits."""
+    g = got.detach().double()
+    if torch.isfinite(g).all() and (g >= 0).all() and ((g.sum(-1) - 1).abs() < 1e-4).all():
+        return ("you returned probabilities; return logits (the removed ones at -inf): the softmax comes later, "
+                "when a token is drawn")
+    return ""
+
+
+def _mask_value_hint(got: torch.Tensor, want: torch.Tensor) -> str:
+    """Right tokens kept, but the removed ones set to something other than -inf?"""
+    removed = torch.isneginf(want)
+    if not removed.any() or not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return ""
+    g = got.detach().double()
+    if _same(torch.where(removed, torch.full_like(g, NEG_INF), g), want) and not torch.isneginf(g[removed]).all():
+        values = sorted({float(v) for v in g[removed & ~torch.isneginf(g)].tolist()})
+        return (f"the tokens you kept are right, but the removed ones hold {show(values)}: set them to -inf "
+                "(float('-inf')), so that softmax gives them probability exactly 0 and later filters see them as gone")
+    return ""
+
+
+def _value_error(fn, args: tuple, label: str, hint: str):
+    try:
+        got = fn(*args)
+    except NotImplementedError:
+        fail(f"{label}: not written yet (it still raises NotImplementedError)")
+    except ValueError:
+        return
+    except Exception as err:  # noqa: BLE001
+        fail(f"{label} raised {type(err).__name__}: {err}; expected ValueError", hint)
+    else:
+        fail(f"{label} returned {_t(got) if isinstance(got, torch.Tensor) else show(got)}; expected ValueError", hint)
+
+
+# ---------------------------------------------------------------- random logits
+
+def _logits(shape, scale: float = 2.0, removed: float = 0.0, step: float = 0.0) -> torch.Tensor:
+    """Random logits; ``removed``: the share already at -inf (never a whole row); ``step``: round to make ties."""
+    z = torch.randn(*shape) * scale
+    if step:
+        z = (z / step).round() * step
+    if removed:
+        mask = torch.rand(*shape) < removed
+        mask[..., 0] = False
+        z = z.masked_fill(mask, NEG_INF)
+    return z
+
+
+# ---------------------------------------------------------------- temperature
+
+AFTER_SOFTMAX = ("you applied the temperature after the softmax: it divides the logits, before any softmax (and the "
+                 "function returns logits, not probabilities)")
+
+@_one_thread
+def check_temperature(apply_temperature):
+    from transformers import TemperatureLogitsWarper
+    with _seeded(6001):
+        batch, row, with_inf, large = _logits((4, 30), 3.0), _logits((50,)), _logits((3, 20), removed=0.3), \
+            _logits((2, 12), 80.0)
+    for z, t in [(batch, 0.5), (batch, 1.7), (row, 0.8), (with_inf, 2.0), (large, 0.25), (batch, 1.0), (row, 100.0)]:
+        want = _hf(TemperatureLogitsWarper(t), z)
+        mistakes = [
+            ("you multiplied the logits by the temperature; divide them: T > 1 must flatten the distribution, "
+             "T < 1 sharpen it", lambda: z * t),
+            (AFTER_SOFTMAX, lambda: z.softmax(-1) / t),
+            (AFTER_SOFTMAX, lambda: (z.softmax(-1) / t).log()),
+            (AFTER_SOFTMAX, lambda: z.softmax(-1) ** (1 / t)),
+            ("you returned probabilities, softmax(logits / T); return the logits / T themselves",
+             lambda: (z / t).softmax(-1)),
+            ("you returned log-probabilities, log_softmax(logits / T); return logits / T itself, as Hugging Face "
+             "does", lambda: (z / t).log_softmax(-1)),
+        ]
+        if t != 1.0:
+            mistakes.append(("the logits came back unchanged: divide them by the temperature", lambda: z))
+        _check(apply_temperature, (z, t), want, f"apply_temperature({_t(z)}, {t})", mistakes)
+    for bad in (0.0, -0.5):
+        _value_error(apply_temperature, (batch.clone(), bad), f"apply_temperature({_t(batch)}, {bad})",
+                     "a temperature must be > 0: 0 would divide by zero (the Sampler turns T = 0 into greedy "
+                     "decoding before it gets here) and a negative one would make the least likely token the most "
+                     "likely; raise ValueError")
+
+
+# ---------------------------------------------------------------- top-k
+
+def _top_k_by_index(z: torch.Tensor, k: int) -> torch.Tensor:
+    idx = torch.topk(z, k, dim=-1).indices
+    return torch.full_like(z, NEG_INF).scatter(-1, idx, z.gather(-1, idx))
+
+
+def _keep_at_least(z: torch.Tensor, kth: torch.Tensor, strict: bool = False) -> torch.Tensor:
+    return z.masked_fill(z <= kth if strict else z < kth, NEG_INF)
+
+
+@_one_thread
+def check_top_k(top_k_filter):
+    from transformers import TopKLogitsWarper
+    with _seeded(6002):
+        plain, row = _logits((5, 40), 2.5), _logits((60,), 3.0)
+        ties = _logits((6, 30), 2.0, step=1.0)  # whole numbers: many logits equal the k-th
+        with_inf = _logits((4, 25), removed=0.5)
+    keep_all = ("k = 0 means no cut, and a k at least the vocabulary size keeps every token: return the logits "
+                "unchanged")
+    cases = [(plain, 3, ""), (plain, 1, ""), (row, 7, ""), (plain, 39, ""), (ties, 4, ""), (ties, 9, ""),
+             (with_inf, 3, ""), (with_inf, 20, "a row with fewer than k finite logits keeps them all"),
+             (plain, 40, keep_all), (plain, 55, keep_all), (plain, 0, keep_all)]
+    for z, k, note in cases:
+        want = z.clone() if k == 0 else _hf(TopKLogitsWarper(k), z)
+        kk = min(k, z.shape[-1])
+        mistakes = []
+        if 0 < kk:
+            kth = torch.topk(z, kk, dim=-1).values[..., -1:]
+            mistakes += [
+                ("you removed the k-th highest logit too (`logits > kth` or `<=` where `<` belongs): keep every "
+                 "logit >= the k-th highest, ties included, as Hugging Face does",
+                 lambda: _keep_at_least(z, kth, strict=True)),
+                ("you kept exactly k tokens, chosen by index; when logits tie with the k-th highest, Hugging Face "
+                 "keeps them all: remove only the logits < the k-th highest", lambda: _top_k_by_index(z, kk)),
+                ("you kept the k LOWEST logits; top-k keeps the highest (torch.topk's largest=True, its default)",
+                 lambda: z.masked_fill(z > torch.topk(z, kk, dim=-1, largest=False).values[..., -1:], NEG_INF)),
+            ]
+        if kk < z.shape[-1]:
+            kth1 = torch.topk(z, kk + 1, dim=-1).values[..., -1:]
+            mistakes.append(("you kept k + 1 tokens: the k-th highest logit is topk(...).values[..., k - 1] (or "
+                             "values[..., -1] of topk with k), not values[..., k]", lambda: _keep_at_least(z, kth1)))
+        if z.dim() == 2 and 0 < kk:
+            flat_kth = torch.topk(z.flatten(), kk).values[-1]
+            mistakes.append(("you took the k highest logits of the whole batch; each row is a sequence of its own: "
+                             "work along the last dimension (dim=-1)", lambda: _keep_at_least(z, flat_kth)))
+        _check(top_k_filter, (z, k), want, f"top_k_filter({_t(z)}, {k})", mistakes, note)
+
+
+# ---------------------------------------------------------------- top-p
+
+def _sorted_probs(row: torch.Tensor):
+    q = row.double().softmax(-1)
+    qs, order = q.sort(descending=True, stable=True)
+    return q, qs, order, qs.cumsum(-1) - qs  # mass strictly before each token, in decreasing order
+
+
+def _nucleus_is_clear(row: torch.Tensor, p: float) -> bool:
+    """True when every running total is at least MARGIN from p, and no tie straddles the cut."""
+    q, qs, order, before = _sorted_probs(row)
+    if (before - p).abs().min() < MARGIN:
+        return False
+    n = int((before < p).sum())
+    return n == len(row) or row[order[n - 1]] != row[order[n]]
+
+
+def _clear_rows(pool: torch.Tensor, p: float, n: int, is_clear) -> torch.Tensor:
+    """The first n rows of the pool whose cut at p is clear of float rounding (is_clear(row, p))."""
+    rows = [r for r in pool if is_clear(r, p)][:n]
+    assert len(rows) == n, f"the pool has fewer than {n} rows with a clear cut at p={p}"
+    return torch.stack(rows)
+
+
+def _nucleus(z: torch.Tensor, keep_before) -> torch.Tensor:
+    """Keep, in each row, the tokens (in decreasing probability) for which keep_before(mass before, own mass)."""
+    out = z.clone()
+    for row, orig in zip(out.reshape(-1, z.shape[-1]), z.reshape(-1, z.shape[-1])):
+        _, qs, order, before = _sorted_probs(orig)
+        keep = keep_before(before, qs)
+        row[order[~keep]] = NEG_INF
+    return out
+
+
+def _unsorted_nucleus(z: torch.Tensor, p: float) -> torch.Tensor:
+    q = z.double().softmax(-1)
+    before = q.cumsum(-1) - q
+    return z.masked_fill(before >= p, NEG_INF)
+
+
+def _top_p_mistakes(z: torch.Tensor, p: float):
+    at_least_one = lambda keep: lambda b, q: keep(b, q) | (torch.arange(len(q)) == 0)  # noqa: E731
+    return [
+        ("you dropped the token that crosses p: keep the most likely tokens until their total REACHES p, that "
+         "last token included (for probabilities 0.6, 0.3, 0.1 and p = 0.7: keep 0.6 and 0.3)",
+         lambda: _nucleus(z, at_least_one(lambda b, q: b + q <= p))),
+        ("you dropped the token that crosses p, and with it every token when the top one alone is above p: keep "
+         "the most likely tokens until their total reaches p, that last token included",
+         lambda: _nucleus(z, lambda b, q: b + q <= p)),
+        ("you kept the unlikely tail and removed the nucleus: on probabilities sorted in ASCENDING order, remove "
+         "the tokens whose running total is <= 1 - p, keep the rest",
+         lambda: _nucleus(z, at_least_one(lambda b, q: b >= p))),
+        ("you kept the unlikely tail and removed the nucleus: on probabilities sorted in ASCENDING order, remove "
+         "the tokens whose running total is <= 1 - p, keep the rest", lambda: _nucleus(z, lambda b, q: b >= p)),
+        ("you compared the running total with the wrong threshold: sorted ascending, remove the tail whose total "
+         "is <= 1 - p (not p); sorted descending, keep tokens while the total before them is < p",
+         lambda: _nucleus(z, at_least_one(lambda b, q: b < 1 - p))),
+        ("you summed the probabilities in vocabulary order; sort them (most likely first) before the running "
+         "total", lambda: _unsorted_nucleus(z, p)),
+        ("the most likely token was removed: top-p always keeps at least one token",
+         lambda: _nucleus(z, lambda b, q: (b < p) & (torch.arange(len(q)) > 0))),
+    ]
+
+
+@_one_thread
+def check_top_p(top_p_filter):
+    from transformers import TopPLogitsWarper
+    with _seeded(6003):
+        pool = _logits((200, 40), 2.5)
+        ties = _logits((200, 24), 1.5, step=0.5)
+        with_inf = _logits((200, 30), 2.0, removed=0.4)
+        row_pool = _logits((50, 80), 3.0)
+    clear = functools.partial(_clear_rows, is_clear=_nucleus_is_clear)
+    cases = [(clear(pool, p, 4), p, "") for p in (0.5, 0.8, 0.95, 0.3, 0.05)]
+    cases += [(clear(row_pool, 0.9, 1)[0], 0.9, ""), (clear(ties, 0.6, 5), 0.6, ""),
+              (clear(with_inf, 0.85, 4), 0.85, ""),
+              (pool[:3], 1.0, "p = 1 keeps every token: return the logits unchanged")]
+    for z, p, note in cases:
+        want = _hf(TopPLogitsWarper(p), z)
+        _check(top_p_filter, (z, p), want, f"top_p_filter({_t(z)}, {p})", _top_p_mistakes(z, p), note)
+
+
+# ---------------------------------------------------------------- min-p
+
+def _min_p_is_clear(row: torch.Tensor, p: float) -> bool:
+    q = row.double().softmax(-1)
+    gap = (q - p * q.max()).abs()
+    return p == 0.0 or bool((gap[q != q.max()] > MARGIN * q.max()).all())
+
+
+@_one_thread
+def check_min_p(min_p_filter):
+    from transformers import MinPLogitsWarper
+    with _seeded(6004):
+        pool, row_pool = _logits((100, 40), 2.5), _logits((20, 70), 2.0)
+        with_inf = _logits((100, 30), 2.0, removed=0.4)
+        ties = _logits((100, 20), 1.0, step=0.5)
+    clear = functools.partial(_clear_rows, is_clear=_min_p_is_clear)
+    cases = [(clear(pool, p, 4), p) for p in (0.1, 0.3, 0.02, 0.7)]
+    cases += [(clear(row_pool, 0.2, 1)[0], 0.2), (clear(with_inf, 0.15, 4), 0.15), (clear(ties, 0.25, 4), 0.25),
+              (pool[:3], 0.0), (clear(ties, 1.0, 3), 1.0)]
+    for z, p in cases:
+        want = _hf(MinPLogitsWarper(p), z)
+        q = z.softmax(-1)
+        mistakes = [
+            ("you compared each probability with p itself; min-p scales the threshold by the top token's "
+             "probability: remove the tokens with probability < p * max(probability)",
+             lambda: z.masked_fill(q < p, NEG_INF)),
+            ("you compared logits with p times the top logit; min-p compares probabilities: softmax first, then "
+             "remove those < p * the top probability",
+             lambda: z.masked_fill(z < p * z.amax(-1, keepdim=True), NEG_INF)),
+        ]
+        if z.dim() == 2:
+            mistakes.append(("you used the top probability of the whole batch; each row has its own top token: "
+                             "amax(dim=-1, keepdim=True)", lambda: z.masked_fill(q < p * q.max(), NEG_INF)))
+        _check(min_p_filter, (z, p), want, f"min_p_filter({_t(z)}, {p})", mistakes,
+               "p = 0 removes nothing" if p == 0 else "")
+
+
+# ---------------------------------------------------------------- penalties
+
+def _rows_of_ids():
+    """Logits and ids where seen tokens have positive and negative logits, and some occur several times."""
+    with _seeded(6005):
+        z = _logits((3, 30), 2.0)
+        ids = torch.randint(0, 30, (3, 9))
+        ids[:, 4] = ids[:, 1]  # a repeat in every row
+        z[0, ids[0, 0]], z[0, ids[0, 2]] = -1.7, 2.3  # make sure both signs occur among the seen tokens
+        z[1, ids[1, 0]], z[1, ids[1, 2]] = 1.1, -0.6
+        one_z, one_ids = _logits((1, 16), 1.5), torch.tensor([[5, 5, 5, 2]])
+        with_inf = _logits((2, 20), removed=0.3)
+        inf_ids = torch.randint(0, 20, (2, 6))
+    return [(z, ids), (one_z, one_ids), (with_inf, inf_ids)]
+
+
+def _penalise(z, ids, f, rows=None):
+    """Logits with f applied to each seen token once per row; rows=ids of every row for the batch-wide mistake."""
+    out = z.clone()
+    for b in range(z.shape[0]):
+        for t in set((rows if rows is not None else ids[b]).flatten().tolist()):
+            out[b, t] = f(z[b, t])
+    return out
+
+
+def _penalise_each_time(z, ids, f):
+    out = z.clone()
+    for b in range(z.shape[0]):
+        for t in ids[b].tolist():
+            out[b, t] = f(out[b, t])
+    return out
+
+
+@_one_thread
+def check_repetition_penalty(apply_repetition_penalty):
+    from transformers import RepetitionPenaltyLogitsProcessor
+    cases = [(z, ids, penalty) for z, ids in _rows_of_ids() for penalty in (1.3, 0.7, 2.0)]
+    for z, ids, penalty in cases:
+        want = _hf(RepetitionPenaltyLogitsProcessor(penalty), z, ids)
+        right = lambda x, r=penalty: x * r if x < 0 else x / r  # noqa: E731
+        mistakes = [
+            ("a negative logit must be MULTIPLIED by the penalty: dividing -2.0 by 1.3 gives -1.54, which makes the "
+             "token MORE likely; Hugging Face divides positive logits and multiplies negative ones",
+             lambda: _penalise(z, ids, lambda x: x / penalty)),
+            ("you penalised only the positive logits; a negative one must be multiplied by the penalty (Hugging "
+             "Face divides positive logits and multiplies negative ones)",
+             lambda: _penalise(z, ids, lambda x: x if x < 0 else x / penalty)),
+            ("a positive logit must be DIVIDED by the penalty, a negative one multiplied; you multiplied them all",
+             lambda: _penalise(z, ids, lambda x: x * penalty)),
+            ("you swapped the two cases: divide POSITIVE logits by the penalty, multiply NEGATIVE ones",
+             lambda: _penalise(z, ids, lambda x: x / penalty if x < 0 else x * penalty)),
+            ("you applied the penalty once per occurrence; it applies once per token, however often the token "
+             "occurs (gather the seen logits, change them, scatter them back)",
+             lambda: _penalise_each_time(z, ids, right)),
+        ]
+        if z.shape[0] > 1:
+            mistakes.append(("each row is penalised for the ids in its own row only; you used the ids of every row",
+                             lambda: _penalise(z, ids, right, rows=ids)))
+        _check(apply_repetition_penalty, (z, ids, penalty), want,
+               f"apply_repetition_penalty({_t(z)}, ids={show(ids.tolist())}, penalty={penalty})", mistakes)
+
+
+def _counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    counts = torch.zeros(ids.shape[0], vocab, dtype=torch.float64)
+    for b, row in enumerate(ids.tolist()):
+        for t in row:
+            counts[b, t] += 1
+    return counts
+
+
+def _openai(z, ids, start, presence, frequency, flat=lambda c: (c > 0).double(), sign=-1.0):
+    """OpenAI's formula: logit - presence * [count > 0] - frequency * count, counting ids[:, start:]."""
+    c = _counts(ids[:, start:], z.shape[-1])
+    return (z.double() + sign * (presence * flat(c) + frequency * c)).to(z.dtype)
+
+
+@_one_thread
+def check_presence_frequency(apply_presence_frequency_penalty):
+    (z, ids), (one_z, one_ids), _ = _rows_of_ids()
+    ids = ids.clone()
+    ids[:, 1:3] = ids[:, 6:8]  # tokens in the prompt that are generated again
+    cases = [(z, ids, 3, 0.5, 0.0), (z, ids, 3, 0.0, 0.3), (z, ids, 2, 0.4, 0.25), (z, ids, 0, 0.6, 0.2),
+             (z, ids, 4, -0.5, 0.1), (z, ids, 9, 0.7, 0.7), (one_z, one_ids, 1, 0.3, 0.2)]
+    for z, ids, n, presence, frequency in cases:
+        want = _openai(z, ids, n, presence, frequency)
+        mistakes = [
+            ("you counted the prompt too; count only the generated tokens, ids[:, prompt_len:] (OpenAI's penalties "
+             "look at what the model wrote, not at what it was given)",
+             lambda: _openai(z, ids, 0, presence, frequency)),
+            ("you subtracted presence * count; the presence penalty is a flat amount, once, for any token that "
+             "occurs at all: presence * (count > 0)",
+             lambda: _openai(z, ids, n, presence, frequency, flat=lambda c: c)),
+            ("you added the penalties; subtract them: a positive penalty makes repeats LESS likely",
+             lambda: _openai(z, ids, n, presence, frequency, sign=1.0)),
+            ("off by one in where the generated tokens start: they are ids[:, prompt_len:]",
+             lambda: _openai(z, ids, n + 1, presence, frequency)),
+            ("off by one in where the generated tokens start: they are ids[:, prompt_len:]",
+             lambda: _openai(z, ids, max(n - 1, 0), presence, frequency)),
+            ("the frequency penalty grows with the count: frequency * count, not frequency * (count > 0)",
+             lambda: _openai(z, ids, n, presence + frequency, 0.0)),
+        ]
+        _check(apply_presence_frequency_penalty, (z, ids, n, presence, frequency), want,
+               f"apply_presence_frequency_penalty({_t(z)}, ids={show(ids.tolist())}, prompt_len={n}, "
+               f"presence={presence}, frequency={frequency})", mistakes,
+               "a token's logit goes down by presence once it has been generated, and by frequency each time it was")
+
+
+def _ngram_bans(z, ids, n, windows_end: int = 0, first_only: bool = False):
+    """-inf for each token completing an n-gram seen in its row; windows_end=-1 misses the last n-gram."""
+    out = z.clone()
+    for b, seq in enumerate(ids.tolist()):
+        if len(seq) < n:
+            continue
+        prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+        for start in range(len(seq) - n + 1 + windows_end):
+            if tuple(seq[start:start + n - 1]) == prefix:
+                out[b, seq[start + n - 1]] = NEG_INF
+                if first_only:
+                    break
+    return out
+
+
+@_one_thread
+def check_no_repeat_ngram(ban_repeated_ngrams):
+    from transformers import NoRepeatNGramLogitsProcessor
+    with _seeded(6006):
+        z = _logits((3, 12))
+    ids = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2],       # (1, 2) seen twice, followed by 3 and 4
+                        [5, 5, 5, 6, 5, 5, 7, 5],       # runs of one token
+                        [8, 9, 10, 11, 0, 9, 10, 8]])   # nothing repeats at the end for n >= 3
+    short = torch.tensor([[3, 4], [4, 3], [3, 3]])
+    last = torch.tensor([[7, 8, 9, 7, 8], [6, 6, 1, 2, 6], [1, 2, 3, 2, 3]])  # n-grams that end at the last token
+    cases = [(z, ids, n) for n in (2, 3, 1, 4)] + [(z, short, 2), (z, short, 3), (z, short, 4), (z, last, 2),
+                                                  (z, last, 3)]
+    for z, ids, n in cases:
+        want = _hf(NoRepeatNGramLogitsProcessor(n), z, ids)
+        mistakes = [
+            ("you missed the n-gram that ends at the last token: the n-grams of a row of length T start at 0, 1, "
+             "..., T - n (range(T - n + 1))", lambda: _ngram_bans(z, ids, n, windows_end=-1)),
+            ("you banned only the first match; ban the last token of EVERY earlier n-gram whose first n - 1 tokens "
+             "equal the last n - 1 tokens of the row", lambda: _ngram_bans(z, ids, n, first_only=True)),
+            (f"off by one: you banned repeated {n - 1}-grams; an n-gram is n tokens, so compare the LAST n - 1 "
+             "tokens of the row with the first n - 1 of each earlier n-gram",
+             lambda: _hf(NoRepeatNGramLogitsProcessor(n - 1), z, ids)),
+            (f"off by one: you banned repeated {n + 1}-grams; an n-gram is n tokens, so compare the LAST n - 1 "
+             "tokens of the row with the first n - 1 of each earlier n-gram",
+             lambda: _hf(NoRepeatNGramLogitsProcessor(n + 1), z, ids)),
+        ]
+        note = "a row shorter than n has no complete n-gram to repeat: nothing is banned" if ids.shape[1] < n else ""
+        _check(ban_repeated_ngrams, (z, ids, n), want, f"ban_repeated_ngrams({_t(z)}, ids={show(ids.tolist())}, n={n})",
+               mistakes, note)
+
+
+# ---------------------------------------------------------------- sampling
+
+SAMPLE_DRAWS = 20_000
+# A chi-square statistic this unlikely under the right distribution (1 in 10^9) fails: with a fixed seed the
+# reference's draws never change, and a correct sampler with other random numbers fails once in a billion.
+CHI2_P_VALUE = 1e-9
+
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, float]:
+    """Pearson's statistic of ``counts`` against ``probs`` (tokens of probability 0 left out) and its p-value."""
+    live = probs > 0
+    expected = probs[live] * counts.sum()
+    stat = float(((counts[live] - expected) ** 2 / expected).sum())
+    df = int(live.sum()) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                            torch.tensor(stat / 2, dtype=torch.float64)))
+    return stat, p_value
+
+
+def _draw(sample_from_logits, logits, seed, label):
+    got = _call(sample_from_logits, logits, torch.Generator().manual_seed(seed), label=label,
+                on_error="torch.multinomial needs non-negative weights with a positive sum in every row: draw "
+                         "from softmax(logits, dim=-1), along the last dimension, not from the logits (which can "
+                         "be negative or -inf)")
+    rows = logits.shape[0]
+    if not isinstance(got, torch.Tensor):
+        fail(f"{label} returned {type(got).__name__}; expected a tensor of {rows} token ids, one per row")
+    if got.shape == (rows, 1):
+        fail(f"{label} returned shape {tuple(got.shape)}; expected ({rows},), one id per row",
+             "torch.multinomial(probs, 1) gives shape (B, 1): squeeze the last dimension")
+    if got.shape != (rows,):
+        fail(f"{label} returned shape {tuple(got.shape)}; expected ({rows},), one id per row")
+    if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
+        fail(f"{label} returned a tensor of {got.dtype}; expected integer token ids (torch.long)")
+    if ((got < 0) | (got >= logits.shape[-1])).any():
+        fail(f"{label} returned ids {show(got.tolist())}, outside 0 to {logits.shape[-1] - 1}")
+    return got
+
+
+@_one_thread
+def check_sample(sample_from_logits):
+    logits = torch.tensor([1.2, -0.4, NEG_INF, 0.3, 2.0, -1.5, 0.9, NEG_INF, 0.0, -0.8])
+    probs = logits.double().softmax(-1)
+    batch = logits.expand(SAMPLE_DRAWS, -1).clone()
+    shown = show([round(x, 2) for x in logits.tolist()])
+    label = f"sample_from_logits(<{SAMPLE_DRAWS} copies of the logits {shown}>, generator)"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        first = _draw(sample_from_logits, batch, 6007, label)
+        torch.manual_seed(2)
+        again = _draw(sample_from_logits, batch, 6007, label)
+    if not torch.equal(first, again):
+        fail(f"{label} gave other tokens with a generator seeded the same way, after a change of the global seed",
+             "you ignored the generator: pass generator=generator to torch.multinomial, so that a seed gives the "
+             "same tokens every time")
+    counts = torch.bincount(first, minlength=len(logits)).double()
+    if counts[probs == 0].sum():
+        fail(f"{label} drew a token whose logit is -inf {int(counts[probs == 0].sum())} times",
+             "a token at -inf has probability exactly 0 and must never be drawn")
+    if counts.max() == SAMPLE_DRAWS:
+        top = int(counts.argmax())
+        fail(f"{label} returned token {top} in all {SAMPLE_DRAWS} rows",
+             "you always took the most likely token (argmax): that is greedy decoding; draw from softmax(logits) "
+             "with torch.multinomial" if top == int(logits.argmax()) else "draw one token per row, each at random")
+    stat, p_value = _chi2(counts, probs)
+    if p_value < CHI2_P_VALUE:
+        freq = counts / SAMPLE_DRAWS
+        flat = _chi2(counts, (probs > 0).double() / int((probs > 0).sum()))[1] > CHI2_P_VALUE
+        fail(f"{label}: the tokens drawn do not follow softmax(logits): frequencies "
+             f"{show([round(f, 3) for f in freq.tolist()])}, expected {show([round(p, 3) for p in probs.tolist()])} "
+             f"(chi-square {stat:.0f}, p = {p_value:.1e})",
+             "your draws are uniform: take the softmax along the last dimension (dim=-1)" if flat else
+             "draw from softmax(logits, dim=-1), one row per sequence")
+    other_seed = _draw(sample_from_logits, batch, 6008, label)
+    if torch.equal(first, other_seed):
+        fail(f"{label} drew the same tokens with two differently seeded generators",
+             "your draws do not depend on the generator passed in: pass generator=generator to torch.multinomial")
+    # A seed gives Hugging Face's tokens only if the draws are torch.multinomial's.
+    rows = torch.stack([logits, logits.flip(-1), torch.linspace(-2, 2, len(logits))]).repeat(50, 1)
+    rows_label = f"sample_from_logits({_t(rows)}, generator)"
+    got = _draw(sample_from_logits, rows, 6009, rows_label)
+    want = torch.multinomial(rows.softmax(-1), 1, generator=torch.Generator().manual_seed(6009)).squeeze(-1)
+    if not torch.equal(got, want):
+        fail(f"{rows_label} drew {show(got.tolist())}; torch.multinomial(softmax(logits), 1, generator=generator) "
+             f"draws {show(want.tolist())} with the same seed",
+             "your draws follow the right distribution but are not the ones torch.multinomial makes: use "
+             "torch.multinomial(probs, num_samples=1, generator=generator), so that a seed gives the same tokens "
+             "as Hugging Face's generate")
+    with torch.random.fork_rng(devices=[]):
+        unseeded = _call(sample_from_logits, rows, None, label="sample_from_logits(<logits of shape (150, 10)>, None)")
+    if not isinstance(unseeded, torch.Tensor) or unseeded.shape != (rows.shape[0],):
+        fail(f"sample_from_logits({_t(rows)}, None) returned {show(unseeded)}; without a generator, draw with "
+             "torch's global random generator (generator=None)")
+
+
+# ---------------------------------------------------------------- beam search
+
+# Random GPT-2s: (vocab_size, block_size, n_layer, n_head, n_embd, seed). Their weights are scaled up from
+# GPT-2's initialisation so that the next-token distributions are peaked, as a trained model's are, and
+# beams differ by clear margins rather than by rounding.
+BEAM_MODELS = {
+    "a": (64, 48, 2, 2, 16, 2),
+    "b": (97, 40, 3, 4, 24, 3),
+}
+WEIGHT_STD = 0.4
+
+
+@functools.cache
+def _beam_models(name: str):
+    """(the reference GPT loaded from a Hugging Face checkpoint, that Hugging Face model)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from minigpt.transformer import GPT
+    vocab, block, layers, heads, width, seed = BEAM_MODELS[name]
+    config = GPT2Config(vocab_size=vocab, n_positions=block, n_layer=layers, n_head=heads, n_embd=width,
+                        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=None, eos_token_id=None, tie_word_embeddings=True)
+    with _seeded(seed), _quiet_hf():
+        hf = GPT2LMHeadModel(config).eval()
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, WEIGHT_STD)
+        with tempfile.TemporaryDirectory() as folder:
+            hf.save_pretrained(folder)
+            model = GPT.from_pretrained(folder)
+    return model, hf
+
+
+def _hf_beams(hf, prompt, max_new_tokens, num_beams, length_penalty=1.0, eos_ids=(), hypotheses=1):
+    """Hugging Face's beam search (greedy when num_beams is 1): the generated ids of its best ``hypotheses``,
+    each cut after its first end-of-text id."""
+    kwargs = dict(num_beams=num_beams, num_return_sequences=hypotheses, length_penalty=length_penalty) \
+        if num_beams > 1 else {}
+    with torch.no_grad(), _quiet_hf():
+        out = hf.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens, do_sample=False,
+                          eos_token_id=list(eos_ids) or None, pad_token_id=0, **kwargs)
+    seqs = []
+    for row in out[:, len(prompt):].tolist():
+        end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+        seqs.append(row if end is None else row[:end + 1])
+    return seqs
+
+
+@functools.cache
+def _liked_tokens(model_name: str, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
+    """Tokens the model writes most after ``prompt`` (in 4 beams, no end-of-text), most frequent first: as
+    end-of-text ids they make some beams finish early."""
+    _, hf = _beam_models(model_name)
+    counts: dict[int, int] = {}
+    for seq in _hf_beams(hf, prompt, max_new_tokens, 4, hypotheses=4):
+        for t in seq:
+            counts[t] = counts.get(t, 0) + 1
+    return sorted(counts, key=lambda t: (-counts[t], t))
+
+
+# (model, prompt, max_new_tokens, num_beams, length_penalty, end-of-text ids as ranks among the liked tokens)
+BEAM_CASES = [
+    ("a", (3, 14, 15, 9), 12, 3, 1.0, ()),
+    ("a", (3, 14, 15, 9), 8, 3, 2.0, (2,)),
+    ("a", (7, 7, 21), 8, 2, 2.0, (0,)),
+    ("a", (3, 14, 15, 9), 8, 4, -1.0, (0, 2)),
+    ("a", (40,), 8, 4, 2.0, (0, 2)),
+    ("a", (40,), 8, 5, 1.0, (2,)),
+    ("a", (40,), 12, 3, 0.5, (2,)),
+    ("b", (11, 22, 33, 44, 55, 66, 77), 8, 3, 1.0, (0,)),
+    ("b", (5,), 8, 2, 0.0, (2,)),
+    ("b", (90, 2), 12, 2, 2.0, (1, 3)),
+    ("b", (5,), 8, 1, 1.0, (1,)),
+    ("b", (11, 22, 33, 44, 55, 66, 77), 1, 3, 1.0, ()),
+]
+
+
+@functools.cache
+def beam_case(case):
+    """The arguments of a case and Hugging Face's answer: (model, prompt, n, beams, length_penalty, eos, want)."""
+    name, prompt, n, beams, lp, ranks = case
+    model, hf = _beam_models(name)
+    liked = _liked_tokens(name, prompt, n)
+    eos = [liked[r] for r in ranks]
+    return model, list(prompt), n, beams, lp, eos, _hf_beams(hf, prompt, n, beams, lp, eos)[0]
+
+
+def mistaken_beam_search(model, prompt_ids, max_new_tokens, num_beams, length_penalty, eos_ids, mistake):
+    """Beam search with one known mistake (see BEAM_MISTAKES), to name what a learner's answer did."""
+    from minigpt.generation import last_logits
+    eos = set(eos_ids)
+    n_candidates = num_beams if mistake == "few_candidates" else max(2, 1 + len(eos)) * num_beams
+    running = [(0.0, list(prompt_ids))]
+    finished: list[tuple[float, list[int]]] = []
+    for step in range(1, max_new_tokens + 1):
+        scores = [last_logits(model, ids).float() for _, ids in running]
+        scores = [s if mistake == "raw_logits" else torch.log_softmax(s, -1) for s in scores]
+        totals = torch.stack([s + sc for (sc, _), s in zip(running, scores)])
+        vocab = totals.shape[1]
+        if mistake == "unmerged":  # each beam's own best candidates, beam after beam, never ranked together
+            top = torch.topk(totals, min(n_candidates, vocab), dim=-1)
+            cands = [(v, b, t) for b in range(len(running))
+                     for v, t in zip(top.values[b].tolist(), top.indices[b].tolist())]
+        else:
+            best = torch.topk(totals.flatten(), min(n_candidates, totals.numel()))
+            cands = [(v, f // vocab, f % vocab) for v, f in zip(best.values.tolist(), best.indices.tolist())]
+        if mistake == "forget_finished":  # ended beams are dropped as if they were never candidates
+            cands = [c for c in cands if c[2] not in eos]
+        next_running = []
+        for rank, (score, beam, token) in enumerate(cands):
+            ids = running[beam][1] + [token]
+            if step == max_new_tokens or token in eos:
+                if rank < num_beams or mistake == "all_finished":
+                    length = len(ids) if mistake == "prompt_length" else step
+                    finished.append((score / length ** length_penalty, ids))
+            elif len(next_running) < num_beams:
+                next_running.append((score, ids))
+        finished = sorted(finished, key=lambda h: h[0], reverse=True)[:num_beams]
+        running = next_running
+        if not running or (mistake == "first_finished" and finished):
+            break
+        length = len(running[0][1]) if mistake == "prompt_length" else step
+        if mistake != "no_early_stop" and len(finished) == num_beams and \
+                running[0][0] / length ** length_penalty <= finished[-1][0]:
+            break
+    if not finished:
+        return []
+    return finished[0][1][len(prompt_ids):]
+
+
+BEAM_MISTAKES = {
+    "forget_finished": "you forgot the hypotheses that ended with an end-of-text id: keep each finished candidate "
+                       "(ranked among the first num_beams) with its score total / length ** length_penalty, and "
+                       "compare them with the beams that run to the end",
+    "first_finished": "you stopped at the first finished hypothesis; keep searching until num_beams hypotheses "
+                      "are finished and no running beam can beat the worst of them (step 5)",
+    "prompt_length": "you divided by the length of the whole sequence, prompt included; the length penalty uses "
+                     "the number of GENERATED tokens: total / generated_length ** length_penalty",
+    "few_candidates": "you took only num_beams candidates per step; take max(2, 1 + number of end-of-text ids) * "
+                      "num_beams, so that num_beams beams keep running when some candidates finish",
+    "no_early_stop": "you did not stop early: once num_beams hypotheses are finished and the best running beam, "
+                     "scored as if it stopped now, cannot beat the worst of them, beam search ends (step 5)",
+    "all_finished": "you kept finished candidates ranked below the first num_beams; only those among the first "
+                    "num_beams candidates become hypotheses (the others are there to keep num_beams beams running)",
+    "raw_logits": "you added raw logits; a beam's score is the sum of LOG-PROBABILITIES, log_softmax(logits)",
+    "unmerged": "you extended each beam on its own; beam search ranks the (beam, token) candidates of ALL beams "
+                "together and keeps the best num_beams overall, so a good beam can have several children",
+}
+
+
+def _beam_label(prompt, n, beams, lp, eos) -> str:
+    return (f"beam_search(<a random GPT-2>, {prompt}, max_new_tokens={n}, num_beams={beams}, length_penalty={lp}, "
+            f"eos_ids={eos})")
+
+
+@_one_thread
+def check_beam_search(beam_search):
+    answers = []
+    for case in BEAM_CASES:
+        model, prompt, n, beams, lp, eos, want = beam_case(case)
+        label = _beam_label(prompt, n, beams, lp, eos)
+        got = _call(beam_search, model, list(prompt), n, beams, lp, list(eos), label=label)
+        if isinstance(got, torch.Tensor):
+            fail(f"{label} returned a tensor; return a list of int ids")
+        if not isinstance(got, (list, tuple)) or not all(isinstance(t, int) for t in got):
+            fail(f"{label} returned {show(got)}; expected a list of int ids such as {want}")
+        got = list(got)
+        answers.append((case, got))
+        if got == want:
+            continue
+        fail(f"{label} returned {got}; Hugging Face's generate(num_beams={beams}) gives {want}",
+             _beam_hint(got, want, prompt, eos, answers))
+
+
+def _beam_hint(got, want, prompt, eos, answers) -> str:
+    if got == prompt + want:
+        return "return only the generated ids, without the prompt"
+    if want and want[-1] in eos and got == want[:-1]:
+        return "a hypothesis that finished with an end-of-text id ends with that id: keep it in what you return"
+    explaining = []
+    case, _ = answers[-1]
+    for mistake, why in BEAM_MISTAKES.items():
+        if _mistake_gives(case, mistake) == got:
+            explaining.append((mistake, why))
+    if not explaining:
+        return ("follow the notebook's five steps exactly: 2 * num_beams candidates over all beams, finished ones "
+                "scored total / generated_length ** length_penalty, the early stop of step 5")
+    # Several mistakes can give the same ids on one case: the one that gives the learner's answers on the
+    # most cases so far wins.
+    _, why = max(explaining, key=lambda m: sum(_mistake_gives(c, m[0]) == a for c, a in answers))
+    return why
+
+
+@functools.cache
+def _mistake_gives(case, mistake):
+    model, prompt, n, beams, lp, eos, _ = beam_case(case)
+    with torch.no_grad():
+        return mistaken_beam_search(model, prompt, n, beams, lp, eos, mistake)

@@ -1,0 +1,201 @@
+"""Tests of the tests, chapter 6 (samplers) (DESIGN.md, invariant 6).
+
+Every submission is the learner notebook filled in as a learner would (tests/submissions/): the reference
+answer must get full marks, the untouched notebook 0, each realistic mistake must lose points in the cells
+it breaks, and only there, with a message that names it, and each different-but-correct answer must get
+full marks.
+
+Two ways of grading, the same expectations:
+- in-process (fast): the notebook's code cells run in order in one namespace, test cells whole, hidden part
+  included, as nbgrader runs them; every mutant and variant;
+- real `nbgrader autograde` (slow): one class folder, one grading run, the reference, the untouched
+  notebook, the mutants in `NBGRADER_MUTANTS` and every variant.
+"""
+from __future__ import annotations
+
+import time
+
+import nbformat
+import pytest
+import torch
+
+from autograder import grade
+from submissions import ROOT, apply_edits, learner_notebook, reference_sources, solution_ids
+from submissions import ch06_samplers as ch
+
+CHAPTER = ch.CHAPTER
+TEST_CELLS = ["test_temperature", "test_filters", "test_penalties", "test_sample", "test_beam_search"]
+MUTANTS = {m.key: m for m in ch.MUTANTS}
+VARIANTS = {v.key: v for v in ch.VARIANTS}
+HIDDEN_MARKERS = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+
+
+def mutant_cells(key: str) -> dict[str, str]:
+    return apply_edits(CHAPTER, MUTANTS[key].edits)
+
+
+def variant_cells(key: str) -> dict[str, str]:
+    return apply_edits(CHAPTER, VARIANTS[key].edits, VARIANTS[key].cells)
+
+
+def summary(score, max_score, lost: dict[str, str]) -> str:
+    return f"{score} / {max_score}:\n" + "\n".join(f"  {g}: {m}" for g, m in lost.items())
+
+
+def check_mutant(key: str, lost: dict[str, str]) -> None:
+    mutant = MUTANTS[key]
+    assert set(lost) == set(mutant.lost), f"{mutant.name}: lost {summary('-', '-', lost)}"
+    for grade_id, named in mutant.lost.items():
+        assert named in lost[grade_id], f"{mutant.name}: {grade_id} should say {named!r}: {lost[grade_id]}"
+
+
+# ---------------------------------------------------------------- in-process
+
+@pytest.fixture
+def one_thread():
+    """The chapter's models and tensors are tiny: a second torch thread only adds waiting (a lot of it on a
+    busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_notebook(cells: dict[str, str] | None) -> dict[str, str]:
+    """{grade_id: "ename: evalue"} of the test cells that fail when the instructor notebook's graded code runs
+    with the learner's cells: `cells[grade_id]` where given, else the reference; `None`: as released, every
+    solution cell a stub. Cells without a grade id (the closing demo) are left out."""
+    notebook = nbformat.read(ROOT / "solutions" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    released = {c.metadata["nbgrader"]["grade_id"]: c.source
+                for c in learner_notebook(CHAPTER, None).cells if c.metadata.get("nbgrader", {}).get("solution")}
+    answers = released if cells is None else {**reference_sources(CHAPTER), **cells}
+    namespace: dict = {}
+    lost = {}
+    for cell in notebook.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        grade_id = meta.get("grade_id")
+        if cell.cell_type != "code" or grade_id is None:
+            continue
+        source = answers[grade_id] if meta.get("solution") else "".join(
+            line for line in cell.source.splitlines(keepends=True) if line.strip() not in HIDDEN_MARKERS)
+        try:
+            exec(compile(source, f"<cell {grade_id}>", "exec"), namespace)  # noqa: S102 (the notebook, as graded)
+        except Exception as err:  # noqa: BLE001 (a failing cell is what is being measured)
+            if meta.get("grade"):
+                lost[grade_id] = f"{type(err).__name__}: {err}"
+    return lost
+
+
+def test_in_process_reference_passes_every_test_cell(one_thread):
+    assert run_notebook({}) == {}
+
+
+def test_in_process_untouched_notebook_fails_every_test_cell_as_not_written(one_thread):
+    lost = run_notebook(None)
+    assert list(lost) == TEST_CELLS
+    for grade_id, message in lost.items():
+        assert "not written yet" in message, f"{grade_id}: {message}"
+
+
+@pytest.mark.parametrize("key", MUTANTS)
+def test_in_process_mistake_loses_points_where_it_belongs_and_is_named(one_thread, key):
+    check_mutant(key, run_notebook(mutant_cells(key)))
+
+
+@pytest.mark.parametrize("key", VARIANTS)
+def test_in_process_different_correct_answer_passes(one_thread, key):
+    assert run_notebook(variant_cells(key)) == {}
+
+
+def test_the_mutants_graded_by_nbgrader_exist():
+    assert set(ch.NBGRADER_MUTANTS) <= set(MUTANTS)
+    assert len(ch.NBGRADER_MUTANTS) >= 6
+
+
+# ---------------------------------------------------------------- real nbgrader
+
+def submissions() -> dict[str, nbformat.NotebookNode]:
+    """{student id: notebook}: the reference, the untouched release, the nbgrader mutants, every variant."""
+    notebooks = {"reference": learner_notebook(CHAPTER, {}), "untouched": learner_notebook(CHAPTER, None)}
+    for key in ch.NBGRADER_MUTANTS:
+        notebooks[key] = learner_notebook(CHAPTER, mutant_cells(key))
+    for key in VARIANTS:
+        notebooks[key] = learner_notebook(CHAPTER, variant_cells(key))
+    return notebooks
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, grade.Result]:
+    class_dir = tmp_path_factory.mktemp("class")
+    notebooks = submissions()
+    assert len(notebooks) == 2 + len(ch.NBGRADER_MUTANTS) + len(VARIANTS), "two submissions share a student id"
+    for student, nb in notebooks.items():
+        (class_dir / student).mkdir()
+        nbformat.write(nb, class_dir / student / f"{CHAPTER}.ipynb")
+    subs = grade.class_submissions(class_dir, [CHAPTER], grade.course_chapters(grade.DEFAULT_COURSE_ROOT))
+    start = time.monotonic()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # each grading kernel, as above: tiny models, one thread
+        graded = grade.grade(subs, grade.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
+    print(f"graded {len(subs)} submissions of {CHAPTER} in {time.monotonic() - start:.0f} s")
+    return {r.student: r for r in graded}
+
+
+def lost_cells(result: grade.Result) -> dict[str, str]:
+    return {lp.grade_id: lp.message for lp in result.lost}
+
+
+@pytest.mark.slow
+def test_every_submission_is_graded(results):
+    assert {s: r.status for s, r in results.items() if r.status != "graded"} == {}
+    assert {r.max_score for r in results.values()} == {results["reference"].max_score}
+
+
+@pytest.mark.slow
+def test_reference_answer_gets_full_marks(results):
+    ref = results["reference"]
+    assert ref.max_score > 0 and ref.score == ref.max_score, summary(ref.score, ref.max_score, lost_cells(ref))
+    assert ref.lost == [] and not ref.needs_manual_grade
+
+
+@pytest.mark.slow
+def test_untouched_notebook_gets_zero_and_says_what_is_not_written(results):
+    untouched = results["untouched"]
+    lost = lost_cells(untouched)
+    assert untouched.score == 0, summary(untouched.score, untouched.max_score, lost)
+    assert list(lost) == TEST_CELLS
+    for grade_id, message in lost.items():
+        assert "not written yet" in message, f"{grade_id}: {message}"
+
+
+@pytest.mark.slow
+def test_the_test_cells_are_the_ones_these_tests_know(results):
+    assert {lp.grade_id for lp in results["untouched"].lost} == set(TEST_CELLS)
+    assert solution_ids(CHAPTER) == ["temperature", "filters", "penalties", "sample", "beam_search"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ch.NBGRADER_MUTANTS)
+def test_mistake_loses_points_in_the_cells_it_breaks_and_only_there(results, key):
+    result = results[key]
+    assert result.score < result.max_score, f"{MUTANTS[key].name}: full marks"
+    assert all(lp.score == 0 for lp in result.lost), summary(result.score, result.max_score, lost_cells(result))
+    check_mutant(key, lost_cells(result))
+
+
+@pytest.mark.slow
+def test_no_message_is_a_bare_error(results):
+    """Every lost cell says what went wrong, not just `AssertionError`."""
+    for student, result in results.items():
+        for lp in result.lost:
+            _, _, text = lp.message.partition(": ")
+            assert text.strip() and lp.message != "lost points without raising an error", (
+                f"{student} {lp.grade_id}: {lp.message!r}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", VARIANTS)
+def test_different_correct_answer_gets_full_marks(results, key):
+    result = results[key]
+    assert result.score == result.max_score and result.lost == [], (
+        f"{VARIANTS[key].name}: {summary(result.score, result.max_score, lost_cells(result))}")

@@ -1,0 +1,412 @@
+"""The reference generation loop (minigpt.generation) against its oracles, chapter 5.
+
+Greedy decoding against Hugging Face's `generate(do_sample=False)` on random-weight GPT-2s and on the course's
+trained model; past the window, against Hugging Face's forward on the last block_size tokens, step by step.
+Stop strings and streaming against tiktoken's `decode` of the ids, on scripted token sequences that split stop
+strings and UTF-8 characters across tokens. The hidden checks' own fixtures are tested here too: they must
+pass on the reference, and no greedy step they rely on may be a near tie.
+"""
+import codecs
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import GPT2LMHeadModel
+
+import coursekit
+from autograder.checks import generation as checks
+from minigpt import generation
+from minigpt.generation import (TextStream, end_of_text_id, find_stop, generate, greedy, held_back, last_logits,
+                                token_stream)
+from minigpt.tokens import gpt2_tokenizer
+from minigpt.transformer import GPT, GPTConfig
+
+MARGIN = 1e-3  # the smallest gap between the two best logits at a greedy step the checks rely on
+END = 50256
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: threads only wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return coursekit.gpt2_encoding()
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """(minigpt GPT, Hugging Face GPT2LMHeadModel) of the course's trained model."""
+    folder = coursekit.shipped_model_dir()
+    # float32 like minigpt's GPT (the file may store float16; HF would keep that and round differently)
+    return GPT.from_pretrained(folder), GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    """A random GPT with GPT-2's vocabulary and a window of 16, for argument checks and streaming."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=50257, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+
+
+# ---------------------------------------------------------------- greedy against Hugging Face
+
+@pytest.mark.parametrize("shape", sorted(checks.SHAPES))
+@pytest.mark.parametrize("prompt_len", [1, 4])
+def test_greedy_equals_hugging_face_generate(shape, prompt_len):
+    hf, model = checks._models(shape)
+    block = model.config.block_size
+    prompt = checks._ids(prompt_len, model.config.vocab_size, seed=prompt_len)
+    n = block - prompt_len
+    want = checks.hf_generate(hf, prompt, n)
+    assert list(token_stream(model, prompt, n)) == want
+    assert checks.hf_loop(hf, prompt, n) == want, "the step-wise oracle must agree with generate where both run"
+
+
+def test_greedy_equals_hugging_face_on_the_shipped_model(shipped, enc):
+    model, hf = shipped
+    prompt = enc.encode("ROMEO:\nWhat light through yonder window breaks?\n")
+    want = checks.hf_generate(hf, prompt, 40)
+    assert list(token_stream(model, prompt, 40)) == want
+    result = generate(model, enc, prompt, 40, eos_ids=())
+    assert result.ids == want and result.text == enc.decode(want) and result.finish_reason == "length"
+
+
+def test_end_of_text_equals_hugging_face_eos(shipped, enc):
+    """HF's generate stops after an eos_token_id and keeps it; so must token_stream."""
+    model, hf = shipped
+    prompt = enc.encode("JULIET:\n")
+    free = checks.hf_generate(hf, prompt, 20)
+    k = next(i for i in range(1, len(free)) if free[i] not in free[:i])
+    want = checks.hf_generate(hf, prompt, 20, eos_ids={free[k]})
+    assert want == free[:k + 1]
+    assert list(token_stream(model, prompt, 20, eos_ids=[free[k]])) == want
+
+
+def test_the_window_slides_like_hugging_face_step_by_step(shipped, enc):
+    """Past block_size tokens the model reads the last block_size: compare each step with HF's forward on them."""
+    model, hf = shipped
+    block = model.config.block_size
+    prompt = enc.encode(coursekit.corpus_texts()["hamlet"][:4000])[:block - 5]
+    want = checks.hf_loop(hf, prompt, 12)
+    assert list(token_stream(model, prompt, 12)) == want
+    for ids in (prompt, prompt + want):
+        assert torch.allclose(last_logits(model, ids), checks._hf_logits(hf, ids[-block:]), atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", sorted(checks.SHAPES))
+def test_the_window_slides_on_random_models(shape):
+    hf, model = checks._models(shape)
+    block = model.config.block_size
+    for prompt_len, n in [(2, 3 * block), (3 * block, 5)]:
+        prompt = checks._ids(prompt_len, model.config.vocab_size, seed=n)
+        assert list(token_stream(model, prompt, n)) == checks.hf_loop(hf, prompt, n)
+
+
+def test_the_checks_can_tell_each_named_mistake_from_the_right_answer():
+    """Each mistake the checks name gives another answer than the oracle on at least one of their cases."""
+    for mistake, why in checks.WINDOW_MISTAKES:
+        window, pos = mistake.get("window", checks._last), mistake.get("pos", -1)
+        assert any(not torch.allclose(checks._hf_logits(hf, window(ids, block), pos),
+                                      checks._hf_logits(hf, ids[-block:]), atol=1e-3)
+                   for hf, _, ids, block in _last_logits_inputs()), why
+    cases = [(case, checks._loop_case(case)) for case in checks.LOOP_CASES]
+    for mistake, why in checks.LOOP_MISTAKES:
+        assert any(checks.hf_loop(hf, prompt, case.n, set(eos), choose, **mistake) != want
+                   for case, (hf, _, prompt, eos, choose, want) in cases), why
+
+
+def _last_logits_inputs():
+    for shape, length in checks.LAST_LOGITS_CASES:
+        hf, model = checks._models(shape)
+        block = model.config.block_size
+        yield hf, model, checks._ids(length, model.config.vocab_size, seed=100 * length + block), block
+
+
+def test_last_logits_is_the_last_position_without_a_graph():
+    hf, model = checks._models("a")
+    ids = checks._ids(5, model.config.vocab_size, seed=3)
+    got = last_logits(model, ids)
+    assert got.shape == (model.config.vocab_size,) and not got.requires_grad
+    assert torch.allclose(got, checks._hf_logits(hf, ids), atol=1e-4)
+
+
+def test_token_stream_is_lazy_and_leaves_the_prompt_alone():
+    _, model = checks._models("a")
+    counting = checks._Counting(model)
+    prompt = [1, 2, 3]
+    stream = token_stream(counting, prompt, 10)
+    assert counting.calls == 0
+    next(stream)
+    assert counting.calls == 1
+    assert list(token_stream(model, prompt, 0)) == []
+    list(token_stream(model, prompt, 5))
+    assert prompt == [1, 2, 3]
+
+
+def test_choose_gets_the_logits_and_all_ids_so_far():
+    hf, model = checks._models("b")
+    prompt = checks._ids(10, model.config.vocab_size, seed=4)  # longer than the window of 7
+    seen = []
+
+    def lowest(logits, ids):
+        seen.append((logits, list(ids)))
+        return int(torch.argmin(logits))
+
+    got = list(token_stream(model, prompt, 4, choose=lowest))
+    assert got == checks.hf_loop(hf, prompt, 4, choose=checks._lowest)
+    assert [ids for _, ids in seen] == [prompt + got[:k] for k in range(4)]
+    assert all(logits.shape == (model.config.vocab_size,) for logits, _ in seen)
+
+
+def test_the_checks_never_rely_on_a_near_tie():
+    """Every greedy step of the checks' oracle has a clear winner, so float rounding cannot flip it."""
+    def margin(hf, window):
+        top = torch.topk(checks._hf_logits(hf, window), 2).values
+        return (top[0] - top[1]).item()
+
+    for case in checks.LOOP_CASES:
+        hf, model, prompt, eos, choose, want = checks._loop_case(case)
+        block = model.config.block_size
+        for k in range(len(want)):
+            window = (prompt + want[:k])[-block:]
+            logits = checks._hf_logits(hf, window)
+            if case.choose:
+                low = torch.topk(-logits, 2).values
+                assert (low[0] - low[1]).item() > MARGIN, (case, k)
+            else:
+                assert margin(hf, window) > MARGIN, (case, k)
+    for hf, model, ids, block in _last_logits_inputs():  # the checks compare logits with atol 1e-4
+        assert torch.allclose(last_logits(model, ids), checks._hf_logits(hf, ids[-block:]), atol=1e-5)
+
+
+# ---------------------------------------------------------------- stop strings
+
+@pytest.mark.parametrize("text, stops", checks.FIND_STOP_CASES)
+def test_find_stop_equals_re_search(text, stops):
+    assert find_stop(text, stops) == checks.oracle_find_stop(text, stops)
+
+
+@pytest.mark.parametrize("text, stops", checks.HELD_BACK_CASES)
+def test_held_back_equals_brute_force(text, stops):
+    assert held_back(text, stops) == checks.oracle_held_back(text, stops)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.text(alphabet="ab\n🎉", max_size=12), st.lists(st.text(alphabet="ab\n🎉", min_size=1, max_size=4),
+                                                          max_size=3))
+def test_stop_functions_on_random_text(text, stops):
+    assert find_stop(text, stops) == checks.oracle_find_stop(text, stops)
+    assert held_back(text, stops) == checks.oracle_held_back(text, stops)
+
+
+# ---------------------------------------------------------------- streaming
+
+def stream_case(case: checks.StreamCase, enc):
+    script = [i for p in case.choose for i in enc.encode(p)] or case.script()
+    model = checks.Scripted(len(enc.encode(case.prompt)), case.script())
+    options = {"stop": case.stop}
+    if case.eos_ids is not None:
+        options["eos_ids"] = case.eos_ids
+    if case.choose:
+        n = len(enc.encode(case.prompt))
+        options["choose"] = lambda logits, ids: script[len(ids) - n]
+    max_new = len(case.script()) if case.max_new is None else case.max_new
+    stops = [case.stop] if isinstance(case.stop, str) else list(case.stop)
+    eos = {END} if case.eos_ids is None else set(case.eos_ids)
+    return model, max_new, options, checks.expected_stream(script, stops, eos, max_new)
+
+
+@pytest.mark.parametrize("case", checks.STREAM_CASES, ids=lambda c: c.what)
+def test_stream_equals_tiktoken_decode_cut_at_the_stop(case, enc):
+    model, max_new, options, want = stream_case(case, enc)
+    stream = TextStream(model, enc, case.prompt, max_new, **options)
+    pieces = list(stream)
+    assert "".join(pieces) == stream.text == want.text
+    assert (stream.ids, stream.finish_reason) == (want.ids, want.finish_reason)
+    if "\ufffd" not in want.text:
+        assert all("\ufffd" not in p for p in pieces)
+    assert all(p for p in pieces), "no empty pieces"
+    result = generate(model, enc, case.prompt, max_new, **options)  # the non-streamed text is the same
+    assert (result.text, result.ids, result.finish_reason) == (want.text, want.ids, want.finish_reason)
+
+
+def test_stop_string_split_across_tokens_is_never_shown(enc):
+    """While "THE END" arrives in pieces, its start is held back, never yielded."""
+    script = enc.encode(" So it ends.") + enc.encode(" TH") + enc.encode("E") + enc.encode(" E") + enc.encode("ND")
+    model = checks.Scripted(len(enc.encode("ROMEO:")), script + enc.encode(" after"))
+    pieces = list(TextStream(model, enc, "ROMEO:", 20, stop="THE END"))
+    assert "".join(pieces) == " So it ends. "
+    assert all("TH" not in p for p in pieces)
+
+
+def test_an_emoji_split_across_tokens_streams_whole(enc):
+    ids = enc.encode(" Party 🎉 and 語 done")
+    assert len(ids) > len(" Party 🎉 and 語 done".split()), "the characters must really be split across tokens"
+    model = checks.Scripted(1, ids)
+    stream = TextStream(model, enc, [END], len(ids))
+    pieces = list(stream)
+    assert any("🎉" in p for p in pieces) and any("語" in p for p in pieces)
+    assert "".join(pieces) == enc.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+POOL = [" the", " end", "\n", "\n\n", " THE", " EN", "D", "!", " ok", 12520, 236, 231, 8582, 45739, 252, 236, END]
+STOP_POOL = ["\n\n", "THE END", "🎉", "!", "the", "語", " E", "d!"]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(POOL), max_size=12), st.lists(st.sampled_from(STOP_POOL), max_size=3),
+       st.integers(0, 12))
+def test_stream_on_random_scripts(pieces, stops, max_new):
+    enc = coursekit.gpt2_encoding()
+    script = checks.StreamCase("random", tuple(pieces)).script() + [END]
+    model = checks.Scripted(1, script)
+    stream = TextStream(model, enc, [END], max_new, stop=stops)
+    got = list(stream)
+    want = checks.expected_stream(script, stops, {END}, max_new)
+    assert "".join(got) == stream.text == want.text
+    assert (stream.ids, stream.finish_reason) == (want.ids, want.finish_reason)
+    if "\ufffd" not in want.text:
+        assert not any("\ufffd" in p for p in got)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.binary(max_size=5), max_size=8))
+def test_incremental_decoding_equals_decoding_at_once(chunks):
+    """Why streaming can match tiktoken: the incremental decoder gives what decoding all bytes at once gives."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = "".join(decoder.decode(c) for c in chunks) + decoder.decode(b"", final=True)
+    assert text == b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def test_stream_on_the_shipped_model_equals_the_whole_text(shipped, enc):
+    model, _ = shipped
+    for stop in ((), "\n", ["\n\n", "ROMEO", ","]):
+        stream = TextStream(model, enc, "ROMEO:\n", 40, stop=stop)
+        pieces = list(stream)
+        assert stream.ids == list(token_stream(model, enc.encode("ROMEO:\n"), len(stream.ids), eos_ids=[END]))
+        full = enc.decode([i for i in stream.ids if i != END])
+        cut = find_stop(full, [stop] if isinstance(stop, str) else stop)
+        assert "".join(pieces) == stream.text == (full if cut is None else full[:cut])
+    result = generate(model, enc, "ROMEO:\n", 40, stop=stop)  # not streamed: the same
+    assert (result.ids, result.text, result.finish_reason) == (stream.ids, stream.text, stream.finish_reason)
+
+
+def test_finish_reasons(tiny_gpt2, enc):
+    first = generate(tiny_gpt2, enc, "Hi", 1).ids[0]
+    assert generate(tiny_gpt2, enc, "Hi", 5, eos_ids=[first]).finish_reason == "eos"
+    assert generate(tiny_gpt2, enc, "Hi", 5, eos_ids=[first]).ids == [first]
+    assert generate(tiny_gpt2, enc, "Hi", 3, eos_ids=[]).finish_reason == "length"
+    empty = generate(tiny_gpt2, enc, "Hi", 0)
+    assert (empty.ids, empty.text, empty.finish_reason) == ([], "", "length")
+
+
+def test_the_chapter_1_tokenizer_works_too(tiny_gpt2, enc):
+    tok = gpt2_tokenizer()
+    assert end_of_text_id(tok) == end_of_text_id(enc) == END
+    a, b = generate(tiny_gpt2, tok, "To be", 12), generate(tiny_gpt2, enc, "To be", 12)
+    assert (a.ids, a.text) == (b.ids, b.text)
+
+
+# ---------------------------------------------------------------- bad arguments
+
+@pytest.mark.parametrize("prompt, max_new_tokens, stop, match", [
+    ("", 5, (), "prompt is empty"),
+    ([], 5, (), "prompt is empty"),
+    ("Hi", -1, (), "non-negative integer"),
+    ("Hi", 2.5, (), "non-negative integer"),
+    ("Hi", "3", (), "non-negative integer"),
+    ("Hi", True, (), "non-negative integer"),
+    ([1, 50257], 5, (), "50257 is not in the model's vocabulary"),
+    ([-1], 5, (), "-1 is not in the model's vocabulary"),
+    ([1.0], 5, (), "1.0 is not in the model's vocabulary"),
+    ([True], 5, (), "True is not in the model's vocabulary"),
+    ("Hi", 5, "", "non-empty strings"),
+    ("Hi", 5, ["\n", ""], "non-empty strings"),
+    ("Hi", 5, [None], "non-empty strings"),
+])
+def test_bad_arguments_raise_a_clear_value_error(tiny_gpt2, enc, prompt, max_new_tokens, stop, match):
+    with pytest.raises(ValueError, match=match):
+        TextStream(tiny_gpt2, enc, prompt, max_new_tokens, stop=stop)
+    with pytest.raises(ValueError, match=match):
+        generate(tiny_gpt2, enc, prompt, max_new_tokens, stop=stop)
+
+
+def test_an_over_long_prompt_warns_and_keeps_its_end(tiny_gpt2, enc):
+    prompt = list(range(100, 140))  # 40 ids, window 16
+    with pytest.warns(UserWarning, match="40 tokens but the model reads 16"):
+        result = generate(tiny_gpt2, enc, prompt, 4)
+    assert result.ids == list(token_stream(tiny_gpt2, prompt[-16:], 4))
+
+
+# ---------------------------------------------------------------- the command line
+
+CLI = str(Path(sys.executable).parent / "minigpt-generate")
+CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # a small model: threads would only wait on each other
+
+
+def test_cli_streams_the_shipped_model(shipped, enc):
+    model, _ = shipped
+    proc = subprocess.Popen([CLI, "ROMEO:", "--max-new-tokens", "80"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=CLI_ENV)
+    # Streaming: generated text arrives while the command is still writing.
+    seen = b""
+    while len(seen) <= len("ROMEO:") + 20:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, "the command ended before writing 20 characters of text"
+        seen += chunk
+    still_running = proc.poll() is None
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert still_running, "the text came out only when the command ended"
+    text = (seen + out).decode()
+    want = generate(model, enc, "ROMEO:", 80)
+    assert text == "ROMEO:" + want.text
+    assert f"finish_reason={want.finish_reason}" in err.decode()
+
+
+def test_cli_bad_argument_exits_2_with_a_message(shipped):
+    proc = subprocess.run([CLI, "ROMEO:", "--max-new-tokens", "-3"], capture_output=True, text=True, timeout=120,
+                          env=CLI_ENV)
+    assert proc.returncode == 2, proc.stderr
+    assert "max_new_tokens must be a non-negative integer, got -3" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ROMEO:", "--max-new-tokens", "many"], "invalid int value: 'many'"),
+    (["", "--max-new-tokens", "5"], "the prompt is empty"),
+    (["ROMEO:", "--stop", ""], "stop strings must be non-empty"),
+    (["ROMEO:", "--stop", "\n", "--stop", ""], "stop strings must be non-empty"),
+])
+def test_cli_bad_arguments_in_process(shipped, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        generation.main(args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the hidden checks on the reference
+
+@pytest.mark.parametrize("check, args", [
+    (checks.check_last_logits, (last_logits,)),
+    (checks.check_token_stream, (token_stream,)),
+    (checks.check_stop_strings, (find_stop, held_back)),
+    (checks.check_text_stream, (TextStream,)),
+])
+def test_hidden_checks_pass_on_the_reference(check, args):
+    check(*args)
+
+
+def test_greedy_breaks_ties_like_argmax():
+    assert greedy(torch.tensor([1.0, 3.0, 3.0, 0.0]), []) == 1

@@ -1,0 +1,336 @@
+"""The reference samplers (minigpt.samplers) against Hugging Face, the external oracle for chapter 6.
+
+Filters against HF's logits processors on random logits; seeded sampling through chapter 5's loop against
+`torch.manual_seed(s); generate(do_sample=True)`; beam search against `generate(num_beams=k)`, with
+end-of-text ids that make beams finish early; on random GPT-2s and on the course's trained model. Then
+the frequencies of the draws (chi-square), and every bad setting.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import (GPT2LMHeadModel, MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
+                          RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
+
+import coursekit
+from autograder.checks import samplers as checks
+from minigpt.generation import token_stream
+from minigpt.samplers import (Sampler, apply_presence_frequency_penalty, apply_repetition_penalty,
+                              apply_temperature, ban_repeated_ngrams, beam_search, generate, min_p_filter,
+                              sample_from_logits, top_k_filter, top_p_filter)
+from minigpt.transformer import GPT
+
+NEWLINE = 198  # GPT-2's "\n": as a second end-of-text id it makes beams end at the end of a line
+END = 50256
+EXAMPLES = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+
+
+def same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    finite = ~torch.isinf(want)
+    return (torch.equal(torch.isneginf(got), torch.isneginf(want))
+            and torch.allclose(got[finite], want[finite], atol=1e-6, rtol=1e-6))
+
+
+def random_logits(seed: int, rows: int = 3, vocab: int = 50, removed: float = 0.0, step: float = 0.0):
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(rows, vocab, generator=gen) * 3
+    if step:
+        z = (z / step).round() * step
+    if removed:
+        mask = torch.rand(rows, vocab, generator=gen) < removed
+        mask[:, 0] = False
+        z = z.masked_fill(mask, float("-inf"))
+    return z
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models and tensors: a second torch thread only adds waiting, a lot of it on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+logits_args = dict(seed=st.integers(0, 10**6), removed=st.sampled_from([0.0, 0.3]), step=st.sampled_from([0.0, 1.0]))
+
+
+# ---------------------------------------------------------------- the filters, against HF's processors
+
+@EXAMPLES
+@given(temperature=st.floats(0.05, 20.0), **logits_args)
+def test_temperature_equals_hf(temperature, seed, removed, step):
+    z = random_logits(seed, removed=removed, step=step)
+    assert same(apply_temperature(z, temperature), TemperatureLogitsWarper(temperature)(None, z.clone()))
+
+
+@EXAMPLES
+@given(k=st.integers(1, 60), **logits_args)
+def test_top_k_equals_hf_ties_included(k, seed, removed, step):
+    z = random_logits(seed, removed=removed, step=step)
+    assert same(top_k_filter(z, k), TopKLogitsWarper(k)(None, z.clone()))
+
+
+def test_top_k_zero_keeps_everything():
+    z = random_logits(1)
+    assert torch.equal(top_k_filter(z, 0), z)
+
+
+@EXAMPLES
+@given(p=st.floats(0.01, 1.0), **logits_args)
+def test_top_p_equals_hf(p, seed, removed, step):
+    z = random_logits(seed, removed=removed, step=step)
+    assert same(top_p_filter(z, p), TopPLogitsWarper(p)(None, z.clone()))
+
+
+@EXAMPLES
+@given(p=st.floats(0.0, 1.0), **logits_args)
+def test_min_p_equals_hf(p, seed, removed, step):
+    z = random_logits(seed, removed=removed, step=step)
+    assert same(min_p_filter(z, p), MinPLogitsWarper(p)(None, z.clone()))
+
+
+def test_filters_take_one_row_as_well_as_a_batch():
+    z = random_logits(2, rows=1)[0]
+    assert same(top_k_filter(z, 5), TopKLogitsWarper(5)(None, z[None].clone())[0])
+    assert same(top_p_filter(z, 0.7), TopPLogitsWarper(0.7)(None, z[None].clone())[0])
+    assert same(min_p_filter(z, 0.1), MinPLogitsWarper(0.1)(None, z[None].clone())[0])
+
+
+@EXAMPLES
+@given(seed=st.integers(0, 10**6), penalty=st.floats(0.2, 5.0), length=st.integers(1, 12))
+def test_repetition_penalty_equals_hf(seed, penalty, length):
+    z = random_logits(seed, vocab=20)
+    ids = torch.randint(0, 20, (3, length), generator=torch.Generator().manual_seed(seed))
+    assert same(apply_repetition_penalty(z, ids, penalty), RepetitionPenaltyLogitsProcessor(penalty)(ids, z.clone()))
+
+
+@EXAMPLES
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 5), length=st.integers(1, 14))
+def test_no_repeat_ngram_equals_hf(seed, n, length):
+    z = random_logits(seed, vocab=6)
+    ids = torch.randint(0, 6, (3, length), generator=torch.Generator().manual_seed(seed))  # few tokens: repeats
+    assert same(ban_repeated_ngrams(z, ids, n), NoRepeatNGramLogitsProcessor(n)(ids, z.clone()))
+
+
+def test_presence_and_frequency_penalties_count_only_generated_tokens():
+    z = random_logits(3, rows=2, vocab=10)
+    ids = torch.tensor([[1, 2, 2, 3, 3, 3], [4, 4, 4, 4, 5, 6]])
+    got = apply_presence_frequency_penalty(z, ids, prompt_len=2, presence=0.5, frequency=0.25)
+    want = z.clone()
+    for row, counts in enumerate([{2: 1, 3: 3}, {4: 2, 5: 1, 6: 1}]):  # ids[:, 2:], by hand
+        for token, count in counts.items():
+            want[row, token] -= 0.5 + 0.25 * count
+    assert same(got, want)
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                  "presence_frequency", "no_repeat_ngram", "sample", "beam_search"])
+def test_hidden_checks_pass_the_reference(name):
+    import minigpt.samplers as reference
+    functions = {"temperature": reference.apply_temperature, "top_k": reference.top_k_filter,
+                 "top_p": reference.top_p_filter, "min_p": reference.min_p_filter,
+                 "repetition_penalty": reference.apply_repetition_penalty,
+                 "presence_frequency": reference.apply_presence_frequency_penalty,
+                 "no_repeat_ngram": reference.ban_repeated_ngrams, "sample": reference.sample_from_logits,
+                 "beam_search": reference.beam_search}
+    getattr(checks, f"check_{name}")(functions[name])
+
+
+# ---------------------------------------------------------------- drawing a token
+
+def test_sample_frequencies_follow_softmax_chi_square():
+    """20,000 seeded draws per row: Pearson's chi-square against softmax, at a p-value that never fails a right
+    sampler by chance (1e-9) and always fails a wrong distribution (here p ~ 1e-300)."""
+    z = torch.tensor([[2.0, 1.0, 0.5, float("-inf"), -1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 3.0, float("-inf")]])
+    draws = sample_from_logits(z.repeat_interleave(20_000, dim=0), torch.Generator().manual_seed(0)).view(2, -1)
+    for row, d in zip(z, draws):
+        counts = torch.bincount(d, minlength=z.shape[1]).double()
+        probs = row.double().softmax(-1)
+        assert counts[probs == 0].sum() == 0, "a token at -inf was drawn"
+        _, p_value = checks._chi2(counts, probs)
+        assert p_value > checks.CHI2_P_VALUE, (counts / counts.sum(), probs)
+        _, p_wrong = checks._chi2(counts, (row / 2).double().softmax(-1))  # the temperature-2 distribution
+        assert p_wrong < 1e-100
+
+
+def test_sample_draws_are_torch_multinomials_with_the_generator():
+    z = random_logits(4, rows=64)
+    got = sample_from_logits(z, torch.Generator().manual_seed(9))
+    want = torch.multinomial(z.softmax(-1), 1, generator=torch.Generator().manual_seed(9)).squeeze(-1)
+    assert got.shape == (64,) and torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- seeded sampling == HF generate
+
+SAMPLING_SETTINGS = [
+    dict(temperature=0.7),
+    dict(top_k=5),
+    dict(top_p=0.8),
+    dict(min_p=0.1),
+    dict(repetition_penalty=1.3),
+    dict(no_repeat_ngram_size=2),
+    dict(temperature=1.3, top_k=20, top_p=0.9, repetition_penalty=1.2),
+    dict(temperature=0.9, min_p=0.05, no_repeat_ngram_size=3),
+]
+
+
+def hf_sample(hf, prompt, n, seed, eos=None, **kw) -> list[int]:
+    torch.manual_seed(seed)
+    kw.setdefault("top_k", 0)  # no top-k unless asked (generate's default may be 50)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=n, eos_token_id=eos,
+                          pad_token_id=0, **kw)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("model_name", sorted(checks.BEAM_MODELS))
+@pytest.mark.parametrize("kw", SAMPLING_SETTINGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_seeded_sampling_equals_hf_generate_on_a_random_gpt(model_name, kw):
+    model, hf = checks._beam_models(model_name)
+    prompt = [3, 14, 15, 9]
+    for seed in (0, 1):
+        got = list(token_stream(model, prompt, 16, choose=Sampler(do_sample=True, seed=seed, **kw)))
+        assert got == hf_sample(hf, prompt, 16, seed, **kw)
+
+
+def test_temperature_zero_with_sampling_is_exactly_greedy():
+    model, hf = checks._beam_models("a")
+    prompt = [3, 14, 15, 9]
+    with torch.no_grad():
+        greedy = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+                             pad_token_id=0)[0, 4:].tolist()
+    for seed in (0, 1, 2):
+        assert list(token_stream(model, prompt, 16, choose=Sampler(do_sample=True, temperature=0, seed=seed))) == greedy
+
+
+# ---------------------------------------------------------------- beam search == HF generate
+
+def test_hidden_beam_cases_have_beams_that_finish_early():
+    """The check's cases must exercise end-of-text handling: some best hypotheses end with an end-of-text id,
+    and some do not although other beams ended."""
+    best_ends, other_ends = 0, 0
+    for case in checks.BEAM_CASES:
+        model, prompt, n, beams, lp, eos, want = checks.beam_case(case)
+        assert beam_search(model, prompt, n, beams, lp, eos) == want, case
+        hyps = checks._hf_beams(checks._beam_models(case[0])[1], prompt, n, beams, lp, eos, hypotheses=beams) \
+            if beams > 1 else [want]
+        if want and want[-1] in eos:
+            best_ends += 1
+        elif any(h and h[-1] in eos for h in hyps):
+            other_ends += 1
+    assert best_ends >= 3 and other_ends >= 2, (best_ends, other_ends)
+
+
+@pytest.mark.parametrize("model_name", sorted(checks.BEAM_MODELS))
+@pytest.mark.parametrize("beams", [2, 3, 5])
+@pytest.mark.parametrize("length_penalty", [1.0, 0.0, 2.0, -0.5])
+def test_beam_search_equals_hf_with_end_of_text(model_name, beams, length_penalty):
+    model, hf = checks._beam_models(model_name)
+    for prompt in ([1, 2, 3], [17]):
+        liked = checks._liked_tokens(model_name, tuple(prompt), 10)
+        for eos in ([], liked[:1], liked[1:3]):
+            want = checks._hf_beams(hf, prompt, 10, beams, length_penalty, eos)[0]
+            assert beam_search(model, prompt, 10, beams, length_penalty, eos) == want, (prompt, eos)
+
+
+# ---------------------------------------------------------------- the course's trained model
+
+@pytest.fixture(scope="module")
+def shipped():
+    folder = coursekit.shipped_model_dir()
+    # The checkpoint is float16: without dtype, transformers would compute in float16, 1e-3 away from minigpt.
+    hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
+    return GPT.from_pretrained(folder), hf, coursekit.gpt2_encoding()
+
+
+PROMPT = "ROMEO:\nWhat light"
+
+
+@pytest.mark.parametrize("kw", SAMPLING_SETTINGS[:1] + SAMPLING_SETTINGS[6:],
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_seeded_generate_equals_hf_on_the_shipped_model(shipped, kw):
+    model, hf, enc = shipped
+    prompt = enc.encode(PROMPT)
+    for seed in (0, 7):
+        out = generate(model, enc, PROMPT, 24, do_sample=True, seed=seed, **kw)
+        assert out.ids == hf_sample(hf, prompt, 24, seed, eos=END, **kw)
+
+
+@pytest.mark.parametrize("beams,length_penalty", [(2, 1.0), (4, 2.0), (3, 0.0)])
+def test_beam_search_equals_hf_on_the_shipped_model(shipped, beams, length_penalty):
+    model, hf, enc = shipped
+    prompt = enc.encode(PROMPT)
+    for eos in ([END], [END, NEWLINE]):
+        want = checks._hf_beams(hf, prompt, 20, beams, length_penalty, eos)[0]
+        assert beam_search(model, prompt, 20, beams, length_penalty, eos) == want, eos
+
+
+def test_newline_as_end_of_text_ends_beams_on_the_shipped_model(shipped):
+    """With "\\n" as a second end-of-text id, the best hypothesis ends at the end of the line."""
+    model, hf, enc = shipped
+    ids = beam_search(model, enc.encode(PROMPT), 30, 4, 1.0, [END, NEWLINE])
+    assert ids[-1] in (END, NEWLINE) and len(ids) < 30
+
+
+def test_temperature_zero_is_greedy_on_the_shipped_model(shipped):
+    model, _, enc = shipped
+    greedy = generate(model, enc, PROMPT, 30)
+    assert generate(model, enc, PROMPT, 30, do_sample=True, temperature=0, seed=3).ids == greedy.ids
+
+
+# ---------------------------------------------------------------- bad settings
+
+@pytest.mark.parametrize("name,value", [("temperature", -0.5), ("temperature", float("nan")), ("top_p", 0.0),
+                                        ("top_p", 1.5), ("top_p", -0.1), ("top_k", -1), ("top_k", 2.5),
+                                        ("min_p", 1.5), ("repetition_penalty", 0.0),
+                                        ("repetition_penalty", -1.0), ("no_repeat_ngram_size", -2)])
+def test_bad_setting_raises_value_error_naming_it(name, value):
+    with pytest.raises(ValueError, match=rf"{name}.*{re_value(value)}"):
+        Sampler(do_sample=True, **{name: value})
+
+
+def re_value(value) -> str:
+    return re.escape(repr(value))
+
+
+@pytest.mark.parametrize("num_beams", [0, -2, 1.5])
+def test_bad_num_beams_raises_value_error_naming_it(num_beams):
+    model, _ = checks._beam_models("a")
+    with pytest.raises(ValueError, match=rf"num_beams.*{re_value(num_beams)}"):
+        beam_search(model, [1, 2], 5, num_beams)
+
+
+def test_nan_logits_raise_value_error():
+    with pytest.raises(ValueError, match="NaN"):
+        Sampler(do_sample=True)(torch.tensor([0.0, float("nan"), 1.0]), [0])
+
+
+def test_apply_temperature_rejects_zero_and_negative():
+    for t in (0.0, -1.0):
+        with pytest.raises(ValueError, match="temperature"):
+            apply_temperature(torch.zeros(3), t)
+
+
+def test_seed_and_generator_together_raise():
+    with pytest.raises(ValueError, match="seed"):
+        Sampler(do_sample=True, seed=1, generator=torch.Generator())
+
+
+def test_beam_generate_rejects_sampling_settings():
+    model, _ = checks._beam_models("a")
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, coursekit.gpt2_encoding(), [1, 2], 5, num_beams=2, top_p=0.9)
+
+
+def test_chi_square_p_value_matches_the_closed_form():
+    """Two degrees of freedom: the survival function of chi-square is exp(-x / 2)."""
+    counts = torch.tensor([30.0, 50.0, 20.0], dtype=torch.float64)
+    stat, p_value = checks._chi2(counts, torch.tensor([1 / 3] * 3, dtype=torch.float64))
+    assert math.isclose(p_value, math.exp(-stat / 2), rel_tol=1e-9)
