@@ -23,7 +23,7 @@ course: $(STAMP)
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Everything but the minutes-long tests (real nbgrader runs, the book build, the browser).
 test-fast: $(STAMP)
