@@ -1,14 +1,22 @@
-"""Benchmarks that print numbers: python benchmarks/run.py [NAME ...]   (make bench runs them all)
+"""Benchmarks that print numbers: python benchmarks/run.py [NAME ...] [--quick]   (make bench runs them all)
 
 Each benchmark measures the course's reference code next to the real thing in one run, on this machine,
 and prints a markdown table. These are measurements, not tests: the tests check equality, this prints speed.
+Each checks that what it times gives the same answer both ways before it prints a number.
+
+The model benchmarks run on the course's small trained model and on a model of GPT-2 small's shape (124M
+parameters, random weights: speed does not depend on the values), float32, batch 1, with torch's default
+number of threads. ``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code,
+not a measurement.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,13 +24,16 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(Path(__file__).resolve().parents
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def best_of(fn, repeat: int = 3) -> tuple[float, object]:
-    """Fastest wall time of ``repeat`` runs, and the last result."""
+def best_of(fn, repeat: int = 3, budget_s: float | None = None) -> tuple[float, object]:
+    """Fastest wall time of ``repeat`` runs, and the last result; with ``budget_s``, no new run starts once the
+    runs so far took that long (a slow measurement is then the best of fewer runs)."""
     times, result = [], None
     for _ in range(repeat):
         start = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - start)
+        if budget_s is not None and sum(times) >= budget_s:
+            break
     return min(times), result
 
 
@@ -55,22 +66,254 @@ def bench_bpe(repeat: int) -> list[str]:
     return rows
 
 
-BENCHMARKS = {"bpe": bench_bpe}
+# ---------------------------------------------------------------- the KV cache (chapter 7)
+
+MiB = 2 ** 20
+# Past these many seconds (estimated from the per-step timings), a whole generation is estimated, not run: the
+# 124M model without a cache would take most of an hour for 1,024 tokens on two cores.
+RUN_BUDGET_S = 20.0
+STEP_BUDGET_S = 3.0  # a measurement whose runs took this long is not repeated: the best of fewer runs
+
+
+@functools.cache
+def _model(name: str):
+    """(the model, the positions its per-step timings are taken at, new-token counts to total) by name."""
+    import torch
+
+    import coursekit
+    from minigpt.transformer import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    if name == "tiny":  # --quick
+        return GPT(GPTConfig(vocab_size=512, block_size=48, n_layer=2, n_head=2, n_embd=32)).eval(), \
+            [1, 16, 32, 47], [16, 100]
+    if name == "shipped":
+        model = GPT.from_pretrained(coursekit.shipped_model_dir())
+        return model, [1, 64, 128, 192, 255], [256, 1024]
+    return GPT(GPTConfig()).eval(), [1, 128, 256, 512, 768, 1023], [256, 1024]  # GPT-2 small's shape
+
+
+def _model_names(quick: bool) -> list[str]:
+    return ["tiny"] if quick else ["shipped", "gpt2-small-shape"]
+
+
+def _describe(name: str) -> str:
+    model = _model(name)[0]
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    size = f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params:,}"
+    label = {"tiny": "tiny random GPT", "shipped": "the course's model",
+             "gpt2-small-shape": "GPT-2 small's shape, random weights"}[name]
+    return (f"{label} ({size} parameters: {c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, "
+            f"block_size {c.block_size})")
+
+
+def _prompt(model, n: int) -> list[int]:
+    """``n`` token ids of real text (random ids for a vocabulary smaller than GPT-2's)."""
+    import torch
+
+    import coursekit
+
+    vocab = model.config.vocab_size
+    if vocab >= 50257:
+        return coursekit.gpt2_encoding().encode_ordinary(coursekit.shakespeare()[100_000:140_000])[:n]
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+def _step_times(model, positions: list[int], repeat: int,
+               without: bool = True) -> list[tuple[int, float, float, float]]:
+    """(position, seconds of a decode step with the cache, without it, largest logit difference) at each
+    position: the step that computes the token after ``position`` tokens. With the cache: one token through
+    forward_with_cache onto a cache of ``position`` positions. Without: chapter 5's step, the whole window
+    (``without=False``: not measured, nan)."""
+    import torch
+
+    from minigpt.kv_cache import KVCache, forward_with_cache
+
+    ids = torch.tensor([_prompt(model, max(positions) + 1)])
+    full = KVCache(model.config.n_layer)
+    forward_with_cache(model, ids[:, :max(positions)], full)  # one prefill, not timed; its first p positions
+    rows = []                                                 # are the cache of any p (causality)
+    for p in positions:
+        def step():
+            cache = KVCache(model.config.n_layer)
+            cache.keys, cache.values = [k[:, :, :p] for k in full.keys], [v[:, :, :p] for v in full.values]
+            return forward_with_cache(model, ids[:, p:p + 1], cache)[0, -1]
+
+        t_cached, cached = best_of(step, repeat, STEP_BUDGET_S)
+        t_plain, diff = float("nan"), float("nan")
+        if without:
+            with torch.no_grad():
+                t_plain, plain = best_of(lambda: model(ids[:, :p + 1])[0, -1], repeat, STEP_BUDGET_S)
+            diff = (cached - plain).abs().max().item()
+        rows.append((p, t_cached, t_plain, diff))
+    return rows
+
+
+def _estimate(rows, n_new: int, block: int) -> tuple[float, float]:
+    """Seconds to write ``n_new`` tokens after a one-token prompt, with and without the cache, from the per-step
+    timings (linear between the measured positions). Once the context is longer than the window, the window
+    slides and each step of CachedModel is a prefill of the whole window: the cost of a step without a cache."""
+    import numpy as np
+
+    pos = [r[0] for r in rows]
+    cached = np.interp(np.arange(1, n_new + 1), pos, [r[1] for r in rows])
+    plain = np.interp(np.minimum(np.arange(1, n_new + 1), block - 1), pos, [r[2] for r in rows])
+    cached = np.where(np.arange(1, n_new + 1) >= block, plain, cached)
+    return float(cached.sum()), float(plain.sum())
+
+
+def _timed_generation(model, prompt: list[int], n_new: int) -> tuple[float, float, bool]:
+    """Seconds of chapter 5's token_stream with CachedModel and with the plain model; whether the ids agree."""
+    from minigpt.generation import token_stream
+    from minigpt.kv_cache import CachedModel
+
+    t_cached, with_cache = best_of(lambda: list(token_stream(CachedModel(model), prompt, n_new)), 1)
+    t_plain, without = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
+    return t_cached, t_plain, with_cache == without
+
+
+def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
+    """Decode steps with and without the KV cache, against position; whole generations."""
+    import torch
+
+    rows = [f"torch threads: {torch.get_num_threads()}; float32, batch 1; each step the best of {repeat} runs (of "
+            f"fewer once they took {STEP_BUDGET_S:.0f} s). A step "
+            "\"at position p\" computes the token after p tokens: with the cache, one new token through "
+            "forward_with_cache; without, chapter 5's forward pass over the whole window.", ""]
+    for name in _model_names(quick):
+        model, positions, totals = _model(name)
+        block = model.config.block_size
+        steps = _step_times(model, positions, repeat)
+        worst = max(r[3] for r in steps)
+        if worst > 1e-3:
+            raise SystemExit(f"kv-cache: the cached step's logits differ from the uncached one's by {worst:.1e}")
+        rows += [f"### {_describe(name)}", "",
+                 f"Decode step against position (largest logit difference, cache vs none: {worst:.1e}).", "",
+                 "| position | with cache (ms) | without (ms) | without / with |", "|---:|---:|---:|---:|"]
+        rows += [f"| {p} | {c * 1e3:.2f} | {n * 1e3:.2f} | {n / c:.1f}x |" for p, c, n, _ in steps]
+        rows += ["", f"Writing N new tokens after a one-token prompt (window {block}: past it, every step of "
+                     "CachedModel prefills the slid window).", "",
+                 "| new tokens | with cache (s) | without (s) | speedup | how | identical ids |",
+                 "|---:|---:|---:|---:|---|---|"]
+        for n_new in totals:
+            est_cached, est_plain = _estimate(steps, n_new, block)
+            if est_cached + est_plain <= RUN_BUDGET_S:
+                t_cached, t_plain, same = _timed_generation(model, _prompt(model, 1), n_new)
+                if not same:
+                    raise SystemExit(f"kv-cache: {name}: the ids with the cache differ from those without it")
+                how = "measured (token_stream, one run)"
+            else:
+                t_cached, t_plain, same = est_cached, est_plain, None
+                how = (f"estimated: the sum of per-step times, linear between the {len(positions)} positions "
+                       "above (a whole run is too long)")
+            rows.append(f"| {n_new} | {t_cached:.2f} | {t_plain:.2f} | {t_plain / t_cached:.1f}x | {how} | "
+                        f"{'-' if same is None else same} |")
+        rows.append("")
+    return rows[:-1]
+
+
+def bench_generate(repeat: int, quick: bool = False) -> list[str]:
+    """The reference's generation with its KV cache against Hugging Face generate (greedy, use_cache=True)."""
+    import torch
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging
+
+    from minigpt.generation import token_stream
+    from minigpt.kv_cache import CachedModel
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    rows = [f"Greedy, the same weights, a prompt of 16 tokens, float32, batch 1, torch threads: "
+            f"{torch.get_num_threads()}; the best of {repeat} runs (of fewer once they took {RUN_BUDGET_S:.0f} s); "
+            "without the cache, one run.", "",
+            "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | "
+            "HF generate, use_cache=True (tok/s) | HF speed / minigpt's cached | identical ids |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for name in _model_names(quick):
+        model = _model(name)[0]
+        n_new = {"tiny": 32, "shipped": 200, "gpt2-small-shape": 64}[name]
+        prompt = _prompt(model, 16)
+        with tempfile.TemporaryDirectory() as folder:
+            model.save_pretrained(folder)
+            hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+        idx = torch.tensor([prompt])
+
+        def hf_run():
+            with torch.no_grad():
+                out = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=n_new, min_new_tokens=n_new,
+                                  do_sample=False, num_beams=1, use_cache=True, pad_token_id=0, eos_token_id=None)
+            return out[0, len(prompt):].tolist()
+
+        t_hf, hf_ids = best_of(hf_run, repeat, RUN_BUDGET_S)
+        t_cached, cached = best_of(lambda: list(token_stream(CachedModel(model), prompt, n_new)), repeat, RUN_BUDGET_S)
+        t_plain, plain = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
+        same = hf_ids == cached == plain
+        if not same:
+            raise SystemExit(f"generate: {name}: minigpt's greedy ids differ from Hugging Face's")
+        rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {n_new / t_cached:.1f} | "
+                    f"{n_new / t_hf:.1f} | {t_cached / t_hf:.2f}x | {same} |")
+    return rows
+
+
+def _copy_bandwidth(repeat: int, nbytes: int) -> float:
+    """Bytes per second of a large tensor copy (each byte read once and written once)."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    t, _ = best_of(lambda: dst.copy_(src), repeat)
+    return 2 * nbytes / t
+
+
+def bench_bandwidth(repeat: int, quick: bool = False) -> list[str]:
+    """A decode step reads every weight and the whole cache: its speed as a share of the memory bandwidth."""
+    import torch
+
+    from minigpt.kv_cache import kv_cache_bytes
+
+    size = (32 if quick else 512) * MiB
+    bandwidth = _copy_bandwidth(repeat, size)
+    rows = [f"Memory bandwidth, measured: {bandwidth / 1e9:.1f} GB/s (torch copy of {size // MiB} MiB, read + "
+            f"write, best of {repeat}). Bytes a decode step reads: the parameters (the tied token table once) and "
+            "the KV cache at that position.", "",
+            "| model | position | step (ms) | bytes read (MiB) | achieved (GB/s) | share of bandwidth |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name in _model_names(quick):
+        model, positions, _ = _model(name)
+        params = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
+        for p, t_cached, _, _ in _step_times(model, [positions[0], positions[-1]], repeat, without=False):
+            read = params + kv_cache_bytes(model.config, p)
+            rows.append(f"| {_describe(name).split(' (')[0]} | {p} | {t_cached * 1e3:.2f} | {read / MiB:.1f} | "
+                        f"{read / t_cached / 1e9:.2f} | {read / t_cached / bandwidth:.0%} |")
+    return rows
+
+
+BENCHMARKS = {"bpe": bench_bpe, "kv-cache": bench_kv_cache, "generate": bench_generate,
+              "bandwidth": bench_bandwidth}
+QUICK = {"kv-cache", "generate", "bandwidth"}  # the benchmarks that --quick shrinks to a tiny model
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help=f"benchmarks to run, from {sorted(BENCHMARKS)} (default: all)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the fastest counts")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"run {sorted(QUICK)} on a tiny random model: a smoke test, not a measurement")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(BENCHMARKS))
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; choose from {sorted(BENCHMARKS)}")
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     print(f"# minigpt benchmarks\n\nMachine: {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}.\n")
     for name in args.names or BENCHMARKS:
         print(f"## {name}: {BENCHMARKS[name].__doc__}\n")
-        print("\n".join(BENCHMARKS[name](args.repeat)) + "\n")
+        options = {"quick": args.quick} if name in QUICK else {}
+        print("\n".join(BENCHMARKS[name](args.repeat, **options)) + "\n", flush=True)
     return 0
 
 

@@ -14,6 +14,25 @@ def test_bpe_benchmark_prints_a_table():
     assert "| tiktoken (Rust) |" in out.stdout and "minigpt teaching BPE, cold" in out.stdout
 
 
+def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
+    """--quick: the KV-cache, generate and bandwidth benchmarks on a tiny random model (a smoke test of the code
+    that `make bench` runs on the real models; the numbers are not looked at)."""
+    out = subprocess.run([sys.executable, "benchmarks/run.py", "kv-cache", "generate", "bandwidth", "--quick",
+                          "--repeat", "1", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for title in ("## kv-cache:", "## generate:", "## bandwidth:"):
+        assert text.count(title) == 1, title
+    assert "| position | with cache (ms) | without (ms) | without / with |" in text
+    assert "| new tokens | with cache (s) | without (s) | speedup | how | identical ids |" in text
+    generations = [line for line in text.splitlines() if "measured (token_stream" in line]
+    assert len(generations) == 2 and all(line.endswith("| True |") for line in generations)
+    hf_row = next(line for line in text.splitlines() if line.startswith("| tiny random GPT") and "| 32 |" in line)
+    assert hf_row.endswith("| True |")  # minigpt's greedy ids, cached and not, equal Hugging Face generate's
+    assert "Memory bandwidth, measured:" in text and text.count("| tiny random GPT |") == 2
+    assert "Traceback" not in out.stderr
+
+
 def test_unknown_benchmark_is_a_clear_error():
     out = subprocess.run([sys.executable, "benchmarks/run.py", "nope"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "unknown benchmarks ['nope']" in out.stderr

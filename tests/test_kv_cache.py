@@ -1,0 +1,284 @@
+"""The reference KV cache (minigpt.kv_cache) against its oracles, chapter 7.
+
+The same model without a cache, and Hugging Face's GPT2LMHeadModel with its own cache (``use_cache=True``): the
+logits of a prefill and of every decode step, for batches and for a prefill of several tokens after decode
+steps, and the cached keys and values themselves, tensor for tensor. Generation with ``CachedModel`` equals
+generation without it, greedy, seeded sampling and beam search, on random GPT-2s (also far past the window)
+and on the course's trained model, and equals Hugging Face's ``generate``. The cache's memory equals the
+formula, for the shipped model and for GPT-2 small (72 MiB at 1,024 tokens in float32). The hidden checks' own
+fixtures are tested too: they pass on the reference, and no greedy step they rely on is a near tie.
+"""
+import torch
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import coursekit
+from autograder.checks import kv_cache as checks
+from minigpt.attention import CausalSelfAttention
+from minigpt.generation import last_logits, token_stream
+from minigpt.kv_cache import CachedModel, KVCache, attention_with_cache, forward_with_cache, kv_cache_bytes
+from minigpt.samplers import Sampler, beam_search
+from minigpt.transformer import GPT, GPTConfig
+
+ATOL = 1e-5
+MARGIN = 1e-3  # the smallest gap between the two best logits at a greedy step the checks rely on
+MiB = 2 ** 20
+
+SHAPES = {  # vocabularies, windows, depths and head counts unlike each other and unlike GPT-2's
+    "one-head": dict(vocab_size=101, n_positions=10, n_layer=1, n_head=1, n_embd=8),
+    "wide": dict(vocab_size=257, n_positions=16, n_layer=3, n_head=6, n_embd=48),
+    "deep": dict(vocab_size=83, n_positions=12, n_layer=5, n_head=4, n_embd=32),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small models: threads only wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def hf_model(seed: int, **shape) -> GPT2LMHeadModel:
+    """A Hugging Face GPT-2 with random weights, spread wide enough that greedy steps are not near ties."""
+    torch.manual_seed(seed)
+    config = GPT2Config(**shape, initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def the_same_gpt(hf: GPT2LMHeadModel, folder) -> GPT:
+    hf.save_pretrained(folder)
+    return GPT.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def pair(request, tmp_path_factory):
+    """(Hugging Face model, the same weights in minigpt's GPT) for each shape."""
+    hf = hf_model(len(request.param), **SHAPES[request.param])
+    return hf, the_same_gpt(hf, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    folder = coursekit.shipped_model_dir()
+    return GPT.from_pretrained(folder), GPT2LMHeadModel.from_pretrained(folder).eval()
+
+
+def chunks_of(idx: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    bounds = [sum(sizes[:j]) for j in range(len(sizes) + 1)]
+    return [idx[:, a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """Hugging Face's generate, greedy, with its own KV cache, and no end-of-text stop."""
+    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                      max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1, use_cache=True,
+                      pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+# ---------------------------------------------------------------- the cache against Hugging Face's
+
+@pytest.mark.parametrize("B, sizes", [(1, [4, 1, 1, 1, 3, 1]), (2, [1, 1, 2, 1, 1]), (3, [5, 1, 4])])
+def test_prefill_and_decode_logits_equal_the_uncached_model_and_hugging_face(pair, B, sizes):
+    hf, model = pair
+    block = model.config.block_size
+    sizes = sizes if sum(sizes) <= block else sizes[:-1]
+    idx = torch.randint(0, model.config.vocab_size, (B, sum(sizes)), generator=torch.Generator().manual_seed(B))
+    with torch.no_grad():
+        whole, hf_whole = model(idx), hf(idx).logits
+    cache, past, done = KVCache(model.config.n_layer), None, 0
+    for part in chunks_of(idx, sizes):
+        got = forward_with_cache(model, part, cache)
+        with torch.no_grad():
+            out = hf(part, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        new = slice(done, done + part.shape[1])
+        done += part.shape[1]
+        torch.testing.assert_close(got, whole[:, new], atol=ATOL, rtol=0)
+        torch.testing.assert_close(got, hf_whole[:, new], atol=ATOL, rtol=0)
+        torch.testing.assert_close(got, out.logits, atol=ATOL, rtol=0)  # HF, cached step by step
+        assert cache.length == done and not got.requires_grad
+    for layer in range(model.config.n_layer):  # the cached keys and values are Hugging Face's, tensor for tensor
+        torch.testing.assert_close(cache.keys[layer], past.layers[layer].keys, atol=ATOL, rtol=0)
+        torch.testing.assert_close(cache.values[layer], past.layers[layer].values, atol=ATOL, rtol=0)
+
+
+def test_attention_with_cache_equals_torch_attention_over_the_whole_sequence():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(24, 3).eval()
+    x = torch.randn(2, 11, 24)
+    with torch.no_grad():
+        q, k, v = (attn.split_heads(t) for t in attn.c_attn(x).split(24, dim=2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        want = attn.c_proj(attn.merge_heads(y))
+        cache = KVCache(1)
+        got = torch.cat([attention_with_cache(attn, part, cache, 0) for part in chunks_of(x, [3, 1, 1, 4, 1, 1])], 1)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert cache.length == 11
+
+
+def test_append_stores_along_time_and_keeps_layers_apart():
+    cache = KVCache(2)
+    assert cache.length == 0 and cache.nbytes() == 0
+    a, b, c = (torch.randn(1, 2, t, 4) for t in (3, 1, 2))
+    cache.append(0, a, a + 1)
+    k, v = cache.append(0, b, b + 1)
+    assert torch.equal(k, torch.cat([a, b], 2)) and torch.equal(v, torch.cat([a, b], 2) + 1)
+    cache.append(1, c, c)
+    assert cache.length == 4 and cache.keys[1].shape == (1, 2, 2, 4)
+    assert cache.nbytes() == (4 + 4 + 2 + 2) * 2 * 4 * 4
+
+
+# ---------------------------------------------------------------- generation with and without the cache
+
+def test_greedy_with_the_cache_equals_hugging_face_generate(pair):
+    hf, model = pair
+    prompt, n = [1, 2, 3], model.config.block_size - 3
+    assert list(token_stream(CachedModel(model), prompt, n)) == hf_greedy(hf, prompt, n)
+
+
+@pytest.mark.parametrize("choose", ["greedy", "sampled"])
+def test_generation_far_past_the_window_equals_the_uncached_model(pair, choose):
+    _, model = pair
+    n = 3 * model.config.block_size
+
+    def run(m):
+        kwargs = {"choose": Sampler(do_sample=True, seed=5, top_k=40)} if choose == "sampled" else {}
+        return list(token_stream(m, [7, 3], n, **kwargs))
+
+    assert run(CachedModel(model)) == run(model)
+
+
+@pytest.mark.parametrize("num_beams, steps", [(2, 6), (4, 5), (3, 20)])
+def test_beam_search_with_the_cache_equals_without(pair, num_beams, steps):
+    _, model = pair
+    prompt = [4, 8, 15]
+    assert beam_search(CachedModel(model), prompt, steps, num_beams) == beam_search(model, prompt, steps, num_beams)
+    small = CachedModel(model, max_entries=2)  # most parents evicted: prefills, but the same answer
+    assert beam_search(small, prompt, steps, num_beams) == beam_search(model, prompt, steps, num_beams)
+    assert len(small.caches) <= 2
+
+
+def test_the_cache_follows_the_beams():
+    """Two continuations of one sequence each read their own history, whatever order they are asked in."""
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16)).eval()
+    cm = CachedModel(model)
+    base = [5, 6, 7]
+    for ids in (base, base + [1], base + [2], base + [1, 3], base + [2, 3], base + [1, 3, 9]):
+        torch.testing.assert_close(last_logits(cm, ids), last_logits(model, ids), atol=ATOL, rtol=0)
+
+
+def count_positions(model) -> list[int]:
+    """Positions each forward pass computes, appended by a hook on the first block."""
+    seen = []
+    model.h[0].ln_1.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[1]))
+    return seen
+
+
+def test_one_position_per_step_until_the_window_slides_then_a_prefill_per_step():
+    torch.manual_seed(2)
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    seen = count_positions(model)
+    list(token_stream(CachedModel(model), [1, 2, 3], 10))
+    # A prefill of 3, decode steps up to a full window of 8, then every step a new window of 8 at new positions.
+    assert seen == [3, 1, 1, 1, 1, 1, 8, 8, 8, 8]
+
+
+def test_a_new_prompt_gets_a_fresh_cache_and_memory_stays_bounded():
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(vocab_size=30, block_size=12, n_layer=2, n_head=2, n_embd=16)).eval()
+    cm = CachedModel(model, max_entries=4)
+    for seed in range(20):
+        prompt = torch.randint(0, 30, (4,), generator=torch.Generator().manual_seed(seed)).tolist()
+        assert list(token_stream(cm, prompt, 6)) == list(token_stream(model, prompt, 6))
+    assert len(cm.caches) <= 4
+    assert checks._held_bytes(cm) <= 4 * kv_cache_bytes(model.config, 12)
+
+
+# ---------------------------------------------------------------- the course's model
+
+def test_the_shipped_model_with_the_cache_equals_hugging_face_generate(shipped):
+    model, hf = shipped
+    prompt = coursekit.gpt2_encoding().encode("ROMEO:\nBut soft, what light")
+    assert list(token_stream(CachedModel(model), prompt, 60)) == hf_greedy(hf, prompt, 60)
+
+
+def test_the_shipped_model_past_its_window_equals_the_uncached_model(shipped):
+    model, _ = shipped
+    block = model.config.block_size
+    prompt = coursekit.gpt2_encoding().encode(coursekit.shakespeare()[:5000])[:block - 4]
+    assert list(token_stream(CachedModel(model), prompt, 10)) == list(token_stream(model, prompt, 10))
+
+
+def test_cache_bytes_of_the_shipped_model_equal_the_formula(shipped):
+    model, _ = shipped
+    cfg = model.config
+    cache = KVCache(cfg.n_layer)
+    forward_with_cache(model, torch.zeros(1, cfg.block_size, dtype=torch.long), cache)
+    assert cache.nbytes() == kv_cache_bytes(cfg, cfg.block_size) == \
+        2 * cfg.n_layer * cfg.n_embd * cfg.block_size * 4
+
+
+def test_cache_bytes_of_gpt2_small_are_72_mib_at_1024_tokens():
+    cfg = GPTConfig()  # GPT-2 small
+    assert kv_cache_bytes(cfg, 1024) == 72 * MiB
+    assert kv_cache_bytes(cfg, 1024, bytes_per_number=2) == 36 * MiB
+    # Measured on a model of GPT-2 small's shape (a small vocabulary, to keep it quick): 64 tokens, 1/16 of it.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64)).eval()
+    cache = KVCache(cfg.n_layer)
+    forward_with_cache(model, torch.zeros(1, 64, dtype=torch.long), cache)
+    assert cache.nbytes() == kv_cache_bytes(cfg, 64) == 72 * MiB // 16
+
+
+# ---------------------------------------------------------------- the hidden checks' fixtures
+
+@pytest.mark.parametrize("check, args", [
+    ("check_kv_cache", (KVCache,)),
+    ("check_attention_with_cache", (attention_with_cache, KVCache)),
+    ("check_forward_with_cache", (forward_with_cache, KVCache)),
+    ("check_cached_model", (CachedModel,)),
+    ("check_kv_cache_bytes", (kv_cache_bytes,)),
+])
+def test_hidden_checks_pass_on_the_reference(check, args):
+    getattr(checks, check)(*args)
+
+
+def test_hidden_check_models_equal_hugging_face(tmp_path):
+    """The checks' oracle, the reference GPT with their random weights, is Hugging Face's GPT-2."""
+    for name in checks.SHAPES:
+        model = checks._models(name)
+        model.save_pretrained(tmp_path / name)
+        hf = GPT2LMHeadModel.from_pretrained(tmp_path / name).eval()
+        idx = torch.randint(0, model.config.vocab_size, (2, model.config.block_size))
+        with torch.no_grad():
+            torch.testing.assert_close(model(idx), hf(idx).logits, atol=1e-4, rtol=0)
+
+
+def test_the_checks_never_rely_on_a_near_tie():
+    for name, prompt_len in (("a", 5), ("b", 3)):
+        model = checks._models(name)
+        vocab = model.config.vocab_size
+        prompts = [checks._ids((prompt_len,), vocab, seed=730).tolist(),
+                   checks._ids((prompt_len + 2,), vocab, seed=731).tolist()]
+        for prompt in prompts:
+            ids = list(prompt)
+            for _ in range(3 * model.config.block_size):
+                top2 = torch.topk(last_logits(model, ids), 2).values
+                assert top2[0] - top2[1] >= MARGIN, f"shape {name}: a near tie after {len(ids)} ids"
+                ids.append(int(torch.argmax(last_logits(model, ids))))
+
+
+def test_the_mistakes_the_checks_name_differ_from_the_right_answer():
+    """Each replayed mistake gives other logits than the right answer on the checks' inputs; else the checks
+    could name a mistake that is not one."""
+    model = checks._models("a")
+    parts = chunks_of(checks._ids((1, 12), 97, seed=1), [5, 1, 1, 1, 3, 1])
+    right = checks._replay(model, parts, "")
+    for mistake, _ in checks.FORWARD_MISTAKES:
+        replay = checks._replay(model, parts, mistake)
+        assert replay is None or not all(checks._close(r, w) for r, w in zip(replay, right)), mistake
