@@ -1,7 +1,7 @@
 """Train the small GPT the course ships: minigpt's own GPT, GPT-2's tokenizer, 40 works of Shakespeare.
 
     python training/train_shipped_model.py                      # train for 20 minutes of 2 CPU cores
-    python training/train_shipped_model.py --sample "ROMEO:"    # let the shipped model continue a prompt
+    python training/train_shipped_model.py --sample "Romeo."    # let the shipped model continue a prompt
 
 The two plays in HELD_OUT are never trained on: the loss on them measures what the model learned about
 Shakespeare, not what it memorised. A unigram model (each token's frequency in the training text, nothing
@@ -166,6 +166,8 @@ def train(out: Path, minutes: float, seed: int, threads: int, steps: int | None,
     # What is left of the budget after the final evaluation (every held-out window), with room to spare.
     final_cost = 1.5 * (clock() - t0) * len(spread(heldout_ids, T)) / hp.eval_windows + 15
     train_start, train_budget = clock(), minutes * 60 - (clock() - start) - final_cost
+    if not steps and train_budget < 60:
+        raise SystemExit(f"--minutes {minutes:g} leaves {train_budget:.0f} s for training after the evaluations")
 
     def progress(step: int) -> float:
         return step / steps if steps else (clock() - train_start) / train_budget
