@@ -71,7 +71,7 @@ def test_held_out_loss_is_well_below_the_unigram_baseline(log, model):
         losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()))
     loss = torch.stack(losses).mean().item()
     baseline = log["unigram_baseline"]
-    assert 6.0 < baseline < 7.0, f"a unigram model of Shakespeare scores about 6.4 nats per token, the log says {baseline}"
+    assert 6.0 < baseline < 7.0, f"a unigram model of Shakespeare scores about 6.4 nats a token, not {baseline}"
     assert loss < baseline - 1.0, f"held-out loss {loss:.3f} is not clearly below the unigram baseline {baseline:.3f}"
     assert abs(loss - log["final"]["heldout_loss"]) < 0.3, "the log's held-out loss does not describe this model"
 
