@@ -1,6 +1,8 @@
 """The benchmark entry point runs and checks equality before it times anything (speed is printed, not tested)."""
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,3 +38,14 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
 def test_unknown_benchmark_is_a_clear_error():
     out = subprocess.run([sys.executable, "benchmarks/run.py", "nope"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "unknown benchmarks ['nope']" in out.stderr
+
+
+@pytest.mark.slow
+def test_class_grading_benchmark_prints_its_table():
+    """benchmarks/grade_class.py on a class of 3 (the 50-submission run is `make bench-grading`)."""
+    out = subprocess.run([sys.executable, "benchmarks/grade_class.py", "--count", "3", "--cell-timeout", "20"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "## grading: a class of 3 chapter-1 submissions" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| 3 |"))
+    assert row.startswith("| 3 | 3 |"), row

@@ -276,3 +276,85 @@ def test_course_config_roots_at_the_repo_wherever_it_runs(tmp_path, monkeypatch)
         "solutions", "notebooks"
     )
     assert config.ExecutePreprocessor.timeout >= 60
+
+
+# ---------------------------------------------------------------------------------------------------
+# A class batch: parallel, killed half way, resumed, run again
+
+
+def _class_of(course, n: int, folder: str) -> Path:
+    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+    class_dir = course / folder
+    for i in range(n):
+        (class_dir / f"s{i:02d}").mkdir(parents=True)
+        body = "return a + b\n" if i % 2 == 0 else "return abs(a) + abs(b)\n"
+        nbformat.write(learner_copy(released, body), class_dir / f"s{i:02d}" / f"{CHAPTER}.ipynb")
+    return class_dir
+
+
+def _gradebook_rows(workdir: Path) -> list[tuple[str, float]]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{workdir / 'gradebook.db'}") as gb:
+        return sorted((s.student.id, s.score) for s in gb.find_assignment(CHAPTER).submissions)
+
+
+@pytest.mark.slow
+def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    n = 6
+    class_dir = _class_of(course, n, "class-resume")
+    workdir = tmp_path / "workspace"
+    args = ["--class", str(class_dir), "--course-root", str(course), "--workdir", str(workdir), "-j", "1"]
+    batch = subprocess.Popen([sys.executable, "-m", "autograder.grade", *args, "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(list(workdir.glob(f"results/*/{CHAPTER}.json"))) < 2:
+        assert batch.poll() is None, "the batch ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no result recorded in 300 s"
+        time.sleep(0.2)
+    os.kill(batch.pid, signal.SIGKILL)  # the grading process only: its runs must not outlive it
+    batch.wait()
+    done_before = {p.parent.name for p in workdir.glob(f"results/*/{CHAPTER}.json")}
+    assert 2 <= len(done_before) < n
+
+    out = tmp_path / "resumed.json"
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        assert grade.main([*args, "--json", str(out), "--quiet"]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["student"], r["status"], r["score"]) for r in results] == [
+        (f"s{i:02d}", "graded", 3 if i % 2 == 0 else 1) for i in range(n)]
+    reused = {r["student"] for r in results if r["reused"]}
+    assert reused == done_before
+    assert f"{n - len(reused)} notebooks graded" in table.getvalue()
+    expected = [(f"s{i:02d}", 3.0 if i % 2 == 0 else 1.0) for i in range(n)]
+    assert _gradebook_rows(workdir) == expected
+    assert not list(workdir.glob("work/*/*/pid")), "the interrupted run left a grading process behind"
+
+    # Run again: nothing is graded twice, the gradebook is the same.
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        assert grade.main([*args, "--json", str(out), "--quiet"]) == 0
+    assert all(r["reused"] for r in json.loads(out.read_text())["results"])
+    assert "0 notebooks graded" in table.getvalue()
+    assert _gradebook_rows(workdir) == expected
+    assert len((workdir / "grades.csv").read_text().splitlines()) == 1 + n
+
+
+@pytest.mark.slow
+def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
+    class_dir = _class_of(course, 1, "class-change")
+    workdir = tmp_path / "workspace"
+    args = ["--class", str(class_dir), "--course-root", str(course), "--workdir", str(workdir), "--quiet"]
+    out = tmp_path / "r.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grade.main([*args, "--json", str(out)]) == 0
+        released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+        nbformat.write(learner_copy(released, "return abs(a) + abs(b)\n"), class_dir / "s00" / f"{CHAPTER}.ipynb")
+        assert grade.main([*args, "--json", str(out)]) == 0
+    [r] = json.loads(out.read_text())["results"]
+    assert (r["score"], r["reused"]) == (1, False)
+    assert _gradebook_rows(workdir) == [("s00", 1.0)]

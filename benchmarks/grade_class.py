@@ -1,0 +1,90 @@
+"""Grade a mixed class of chapter 1 and print the rate: python benchmarks/grade_class.py [--count 50]
+
+The class is built from the tests' submissions (tests/submissions/): every hostile one (loops, memory bomb,
+dead kernels, cheats, broken files), every realistic mistake, every different-but-correct answer, the
+untouched notebook, and copies of the right answer to make up ``--count``. It is graded by
+`minigpt-grade --class` with the default number of parallel runs, and the script prints notebooks per minute
+and checks that every submission got a row (exit 1 if one did not).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT / "src/coursekit/data/tiktoken"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(ROOT / "tests"))
+
+from autograder import grade  # noqa: E402
+from submissions import apply_edits, hostile, learner_notebook  # noqa: E402
+from submissions import ch01_tokens as ch  # noqa: E402
+
+
+def mixed_class(folder: Path, count: int) -> dict[str, str]:
+    """{student: kind} for ``count`` submissions written under ``folder``."""
+    import nbformat
+
+    notebooks: dict[str, tuple[str, str]] = {}
+    for h in hostile.HOSTILE:
+        notebooks[h.key] = ("hostile", h.build())
+    for m in ch.MUTANTS:
+        notebooks[f"wrong-{m.key}"] = ("wrong", nbformat.writes(learner_notebook(ch.CHAPTER, apply_edits(ch.CHAPTER, m.edits))))
+    for v in ch.VARIANTS:
+        notebooks[f"variant-{v.key}"] = ("correct", nbformat.writes(
+            learner_notebook(ch.CHAPTER, apply_edits(ch.CHAPTER, v.edits, v.cells))))
+    notebooks["untouched"] = ("wrong", hostile.untouched_text())
+    i = 0
+    while len(notebooks) < count:
+        notebooks[f"right-{i:02d}"] = ("correct", hostile.reference_text())
+        i += 1
+    chosen = dict(list(notebooks.items())[:count])
+    for student, (_, text) in chosen.items():
+        (folder / student).mkdir(parents=True)
+        (folder / student / f"{ch.CHAPTER}.ipynb").write_text(text)
+    return {student: kind for student, (kind, _) in chosen.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=50, help="submissions in the class (default 50)")
+    parser.add_argument("--jobs", type=int, default=grade.default_jobs(), help="notebooks graded at once")
+    parser.add_argument("--cell-timeout", type=int, default=30, help="seconds per cell (the loops wait this long)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        kinds = mixed_class(Path(tmp) / "class", args.count)
+        out = Path(tmp) / "results.json"
+        start = time.monotonic()
+        code = grade.main(["--class", str(Path(tmp) / "class"), "--chapter", ch.CHAPTER, "--workdir",
+                           str(Path(tmp) / "workspace"), "--jobs", str(args.jobs), "--cell-timeout",
+                           str(args.cell_timeout), "--timeout", "300", "--json", str(out), "--quiet"])
+        elapsed = time.monotonic() - start
+        results = {r["student"]: r for r in json.loads(out.read_text())["results"]} if out.is_file() else {}
+    missing = sorted(set(kinds) - set(results))
+    by_status: dict[str, int] = {}
+    for r in results.values():
+        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+    ran = [r for r in results.values() if r["seconds"] is not None]
+    print(f"\n## grading: a class of {len(kinds)} chapter-1 submissions "
+          f"({sum(k == 'correct' for k in kinds.values())} correct, {sum(k == 'wrong' for k in kinds.values())} wrong, "
+          f"{sum(k == 'hostile' for k in kinds.values())} hostile), {args.jobs} at once, cells limited to "
+          f"{args.cell_timeout} s\n")
+    print("| submissions | with a result | graded | not gradable (status) | wall time | per minute | slowest notebook |")
+    print("|---|---|---|---|---|---|---|")
+    others = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()) if s != "graded") or "none"
+    slowest = max((r["seconds"] for r in ran), default=0)
+    print(f"| {len(kinds)} | {len(results)} | {by_status.get('graded', 0)} | {others} | {elapsed:.0f} s "
+          f"| {60 * len(kinds) / elapsed:.1f} | {slowest:.0f} s |")
+    if code != 0 or missing:
+        print(f"\nminigpt-grade exited {code}; no result for: {', '.join(missing) or 'none'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
