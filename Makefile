@@ -16,7 +16,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # A MPLBACKEND inherited from the shell would replace the notebooks' inline backend: no plots in the book.
 unexport MPLBACKEND
 
-.PHONY: course test test-fast env notebooks package bench model clean browser
+.PHONY: course test test-fast env notebooks bench bench-grading model clean browser student-release
 
 course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
@@ -52,8 +52,21 @@ notebooks: $(STAMP)
 	$(BIN)/minigpt-export solutions src/minigpt
 	$(BIN)/python -m autograder.release
 
+# What learners get, without solutions, hidden tests or the reference, for a repository of its own:
+#   make student-release RELEASE_URL=https://github.com/ORG/REPO [RELEASE_BRANCH=main] [RELEASE_OUT=dir]
+# RELEASE_URL is where RELEASE_OUT will be pushed: the website's Binder buttons open it.
+RELEASE_OUT ?= _build/student-release
+RELEASE_BRANCH ?= main
+student-release: $(STAMP)
+	$(BIN)/python -m autograder.student_release $(RELEASE_OUT) --branch $(RELEASE_BRANCH) \
+	  $(if $(RELEASE_URL),--repository-url $(RELEASE_URL))
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# A 50-submission class of chapter 1 (right, wrong and hostile notebooks) through minigpt-grade: notebooks per minute.
+bench-grading: $(STAMP)
+	$(BIN)/python benchmarks/grade_class.py
 
 # Retrain the small model the course ships (20 minutes of 2 CPU cores): see training/README.md.
 model: $(STAMP)

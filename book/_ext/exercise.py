@@ -5,15 +5,22 @@
     ```
 
 renders a "Launch on Binder" link for ``notebooks/01-tokens/01-tokens.ipynb``, a link to that notebook's
-page in this book and one line on checking the work locally. The Binder URL is built from the settings
+page in this book and one line on checking the work locally (``:ungraded:`` on the line after the name says
+instead that nothing is graded, for the capstone). The Binder URL is built from the settings
 the theme's own launch buttons use (``launch_buttons`` and ``repository`` in ``_config.yml``), so the two
 cannot disagree. A missing notebook or a notebook page left out of ``_toc.yml`` is a build warning, which
 ``-W`` turns into an error.
+
+Two settings serve the student release (``autograder/student_release.py``), whose repository holds the
+notebooks but neither ``minigpt-grade`` nor the chapter pages' sources: an empty ``exercise_check_command``
+replaces the local-grading line with one about the notebook's own test cells, and
+``exercise_launch_buttons_only`` keeps the theme's launch buttons on exercise pages only.
 """
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from docutils import nodes
+from docutils.parsers.rst import directives
 from sphinx import addnodes
 from sphinx.errors import ConfigError
 from sphinx.util import logging
@@ -49,6 +56,7 @@ def binder_url(theme_options: dict, path_in_repo: str) -> str:
 class ExerciseDirective(SphinxDirective):
     required_arguments = 1  # the exercise name, e.g. 01-tokens
     has_content = True
+    option_spec = {"ungraded": directives.flag}  # a notebook with nothing to grade (the capstone)
 
     def run(self) -> list[nodes.Node]:
         name = self.arguments[0]
@@ -87,17 +95,36 @@ class ExerciseDirective(SphinxDirective):
         box += nodes.paragraph("", "", launch, nodes.Text(" or "), page, nodes.Text("."))
 
         check = self.config.exercise_check_command.format(path=path_in_repo)
-        box += nodes.paragraph(
-            "",
-            "",
-            nodes.Text("To check your work on your own machine, run "),
-            nodes.literal(text=check),
-            nodes.Text(" in the course folder: it grades the notebook with the hidden tests and says which ones fail and why."),
-        )
+        if "ungraded" in self.options:
+            box += nodes.paragraph("", "Nothing in this notebook is graded: run it from the top whenever you want "
+                                       "to know where your package stands.")
+        elif check:
+            box += nodes.paragraph(
+                "",
+                "",
+                nodes.Text("To check your work on your own machine, run "),
+                nodes.literal(text=check),
+                nodes.Text(" in the course folder: it grades the notebook with the hidden tests and says which ones fail and why."),
+            )
+        else:
+            box += nodes.paragraph(
+                "",
+                "The test cell under each function checks your work as you go; when you hand the notebook in, "
+                "hidden tests grade it.",
+            )
         return [box]
+
+
+def keep_launch_buttons_on_exercises(app, pagename, templatename, context, doctree):
+    """Drop the theme's launch buttons from pages outside ``notebooks/`` (runs after the theme adds them)."""
+    if app.config.exercise_launch_buttons_only and not pagename.startswith("notebooks/"):
+        buttons = context.get("header_buttons", [])
+        buttons[:] = [b for b in buttons if b.get("label") != "launch-buttons"]
 
 
 def setup(app):
     app.add_config_value("exercise_check_command", "minigpt-grade {path}", "env", [str])
+    app.add_config_value("exercise_launch_buttons_only", False, "html", [bool])
+    app.connect("html-page-context", keep_launch_buttons_on_exercises, priority=600)
     app.add_directive("exercise", ExerciseDirective)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,628 @@
+"""Build the student release: everything learners get, and nothing they must not see.
+
+    python -m autograder.student_release OUT --repository-url https://github.com/ORG/REPO [--branch main]
+    python -m autograder.student_release OUT --book-html _build/html   # copy an already built website
+    python -m autograder.student_release OUT --no-book                 # no website
+    python -m autograder.student_release OUT --scan                    # change nothing; scan OUT again
+
+OUT becomes a repository of its own, pushed as it is: the learner notebooks (``notebooks/``, copied from the
+committed nbgrader release), the learner's package ``src/minigpt`` (``minigpt-export`` of those notebooks,
+so every exercise is a ``raise NotImplementedError()`` stub), ``src/coursekit`` (the tools, the offline data
+and the shipped model), its own ``pyproject.toml``, Binder's ``environment.yml`` and ``postBuild``,
+``constraints.txt``, a ``Makefile``, a learner README, a licence and the website in ``docs/``. The website is
+built with the release's repository URL, so its Binder buttons open the release, not the course.
+
+It ends with a scan of OUT (``scan``) for solutions, hidden tests, grading code and copies of the reference
+implementation; any finding makes the exit status 1. A usage problem exits 2. OUT is cleared on each run,
+except its ``.git``, and only when this command made it (``.minigpt-student-release`` marks it).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import html
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+from urllib.parse import unquote
+
+import yaml
+
+from coursekit import export
+
+COURSE_ROOT = Path(__file__).resolve().parent.parent
+MARKER = ".minigpt-student-release"
+WEBSITE = "docs"  # GitHub Pages serves a branch's docs/ folder as it is
+# Needed only to build the website, which the release ships built (its sources are not in the release).
+BOOK_ONLY = {"jupyter-book", "jupytext"}
+COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
+
+# What the scan looks for.
+LEAK_TEXT = re.compile(r"BEGIN SOLUTION|END SOLUTION|BEGIN HIDDEN TESTS|END HIDDEN TESTS"
+                       r"|\bfrom\s+autograder\b|\bimport\s+autograder\b")
+GRADING_FOLDERS = {"autograder", "solutions", ".grading", "submitted", "autograded", "feedback"}
+GRADING_FILES = {"gradebook.db", "nbgrader_config.py"}
+MIN_SOLUTION_CHARS = 30  # shorter solution regions ("return x") could appear in any text
+MIN_CHECK_STRING_CHARS = 40
+MIN_COPIED_FILE_BYTES = 64  # smaller files (an empty __init__.py) say nothing about where they came from
+_SOLUTION_REGION = re.compile(r"^[ \t]*### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION", re.M | re.S)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_BINDER_LINK = re.compile(r'href="([^"]*/v2/[^"]*\?urlpath=[^"]*)"')
+
+
+class UsageError(Exception):
+    """The command cannot do what it was asked (exit status 2)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building the release
+
+
+def chapters(course_root: Path) -> list[str]:
+    """The course's chapters: ``solutions/NN-topic/NN-topic.ipynb``, in order."""
+    return [nb.parent.name for nb in export.chapter_notebooks(course_root / "solutions")]
+
+
+def prepare(out: Path) -> None:
+    """Empty OUT (all but ``.git``) if this command made it; refuse any other non-empty folder."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise UsageError(f"refusing to write into {out}: it is not empty and was not made by this command "
+                             f"(no {MARKER} in it)")
+        for child in out.iterdir():
+            if child.name == ".git":
+                continue  # the release's own history, when the instructor made OUT a repository
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("Made by the minigpt course's student release command, which rebuilds this folder "
+                              "(all but .git) on each run.\n")
+
+
+def check_course(course_root: Path) -> None:
+    """Every chapter in solutions/ has its learner notebook (the release copies the committed ones)."""
+    if not chapters(course_root):
+        raise UsageError(f"no chapters in {course_root / 'solutions'}")
+    for chapter in chapters(course_root):
+        if not (course_root / "notebooks" / chapter / f"{chapter}.ipynb").is_file():
+            raise UsageError(f"notebooks/{chapter}/{chapter}.ipynb is missing: run `make notebooks` to generate "
+                             "the learner notebooks from solutions/")
+
+
+def copy_notebooks(course_root: Path, out: Path) -> None:
+    for chapter in chapters(course_root):
+        shutil.copytree(course_root / "notebooks" / chapter, out / "notebooks" / chapter, ignore=COPY_IGNORE)
+
+
+def release_dependencies(course_root: Path) -> list[str]:
+    deps = tomllib.loads((course_root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    return [d for d in deps if _requirement_name(d) not in BOOK_ONLY]
+
+
+def _requirement_name(line: str) -> str:
+    return re.match(r"[A-Za-z0-9_.-]+", line.strip()).group(0).lower()
+
+
+def write_pyproject(course_root: Path, out: Path) -> None:
+    project = tomllib.loads((course_root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    # Console scripts of the shipped packages whose module the release has (minigpt-grade needs the hidden checks).
+    scripts = {name: target for name, target in project.get("scripts", {}).items()
+               if (out / "src" / (target.split(":")[0].replace(".", "/") + ".py")).is_file()}
+    deps = "".join(f"    {json.dumps(d)},\n" for d in release_dependencies(course_root))
+    script_lines = "".join(f"{name} = {json.dumps(target)}\n" for name, target in scripts.items())
+    (out / "pyproject.toml").write_text(f"""\
+# The learner's copy of the minigpt course: the exercise notebooks, your own minigpt package (rebuilt from
+# them by `minigpt-export notebooks src/minigpt`) and coursekit (the course's tools and offline data).
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "minigpt-course-student"
+version = {json.dumps(project["version"])}
+description = {json.dumps(project["description"])}
+readme = "README.md"
+requires-python = {json.dumps(project["requires-python"])}
+license = {json.dumps(project["license"])}
+dependencies = [
+{deps}]
+
+[project.scripts]
+{script_lines}
+[tool.setuptools]
+package-dir = {{ "minigpt" = "src/minigpt", "coursekit" = "src/coursekit" }}
+packages = ["minigpt", "coursekit"]
+
+[tool.setuptools.package-data]
+coursekit = ["data/**/*"]
+""", encoding="utf-8")
+
+
+def write_environment(course_root: Path, out: Path) -> None:
+    """The course's Binder files, less the packages only the website's build needs."""
+    lines = (course_root / "environment.yml").read_text(encoding="utf-8").splitlines()
+    body = [line for line in lines if not line.startswith("#")
+            and not re.match(r"\s*-\s*(" + "|".join(map(re.escape, sorted(BOOK_ONLY))) + r")\b", line)]
+    (out / "environment.yml").write_text(
+        "# The environment Binder (repo2docker) builds for this repository; postBuild then installs the\n"
+        "# course's packages (pyproject.toml), whose dependencies are these.\n" + "\n".join(body) + "\n",
+        encoding="utf-8")
+    shutil.copy2(course_root / "postBuild", out / "postBuild")
+    shutil.copy2(course_root / "constraints.txt", out / "constraints.txt")
+
+
+def write_tooling(out: Path) -> None:
+    (out / "Makefile").write_text("""\
+# Your copy of the minigpt course. `make env` once, `make lab` to work, `make package` after each chapter.
+PYTHON ?= python3
+
+.PHONY: env lab package
+
+env: .venv/.installed
+
+.venv/.installed: pyproject.toml constraints.txt
+\trm -rf .venv
+\t$(PYTHON) -m venv .venv
+\t.venv/bin/python -m pip install --quiet --upgrade pip
+\t.venv/bin/python -m pip install --quiet -c constraints.txt -e .
+\ttouch $@
+
+lab: env
+\t.venv/bin/jupyter lab notebooks/
+
+# Your notebooks' `#| export` cells -> your package src/minigpt, which the next chapters import.
+package: env
+\t.venv/bin/minigpt-export notebooks src/minigpt
+""", encoding="utf-8")
+    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.egg-info/\n.ipynb_checkpoints/\n", encoding="utf-8")
+
+
+def write_license(course_root: Path, out: Path) -> None:
+    config = yaml.safe_load((course_root / "_config.yml").read_text(encoding="utf-8"))
+    data = out / "src" / "coursekit" / "data"
+    folders = sorted(str(readme.parent.relative_to(out)) for readme in data.rglob("README.md"))
+    (out / "LICENSE").write_text(f"""\
+MIT License
+
+Copyright (c) {config.get("copyright", "")} {config.get("author", "")}
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and associated
+documentation files (the "Software"), to deal in the Software without restriction, including without limitation
+the rights to use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies of the Software, and
+to permit persons to whom the Software is furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or substantial portions of
+the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT NOT LIMITED TO
+THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF
+CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS
+IN THE SOFTWARE.
+
+The data the course ships has its own origin and terms, given by the README (and licence files) in each of
+these folders: {", ".join(folders)}.
+""", encoding="utf-8")
+
+
+def write_readme(course_root: Path, out: Path, repository_url: str | None, branch: str, website: bool) -> None:
+    names = chapters(course_root)
+    first = f"notebooks/{names[0]}/{names[0]}.ipynb"
+    binder = (f"[open this repository on Binder]({binder_url(course_root, repository_url, branch, first)})"
+              if repository_url else "open this repository on Binder (mybinder.org)")
+    site = ("The course website is in `docs/` (open `docs/index.html`), or wherever your instructor published it."
+            if website else "Your instructor publishes the course website.")
+    docs_row = "| `docs/` | the course website, built |\n" if website else ""
+    (out / "README.md").write_text(f"""\
+# minigpt: how a GPT writes, one token at a time
+
+Build a GPT, piece by piece, until it writes text. This repository is the course's student release: the
+exercise notebooks, your own `minigpt` package, and the course's tools and data.
+
+{site}
+Each chapter page explains one piece and ends with a box that opens its exercise notebook.
+Chapters: {", ".join(f"`{n}`" for n in names)}; notebook `notebooks/NN-topic/NN-topic.ipynb` for each.
+
+## Working on the exercises
+
+- **On Binder**, with nothing to install: {binder}, or press "Launch on Binder" on the
+  website. Binder sessions are temporary: download your notebooks before you stop.
+- **On your own machine**, with Python 3.11 and `make`: `make env` (a `.venv` with everything the course
+  needs; CPU only, offline once installed), then `make lab` (JupyterLab on `notebooks/`).
+
+In each notebook, replace every `raise NotImplementedError()` with your code and run the test cell under it.
+A failed test names the call, what it returned and what was expected. Those tests are a sample: your
+instructor grades with more.
+
+## Your package
+
+`src/minigpt/` is your own GPT: the `#| export` cells of your notebooks, one module per chapter. It starts as
+stubs. After finishing a chapter, rebuild it (on Binder, in a terminal):
+
+```sh
+minigpt-export notebooks src/minigpt        # or: make package
+```
+
+Later chapters import the earlier ones (chapter 4 does `from minigpt.attention import ...`), so they run
+your code. When chapters 2 to 5 work, `minigpt-generate "To be, or not to be"` streams text from the
+course's small Shakespeare model, computed by your own code.
+
+## Handing in
+
+- **On your course's JupyterHub with nbgrader**: fetch each assignment in the Assignments tab, work on it
+  there, and press Submit.
+- **Otherwise**: download your notebook, keeping its name (such as `{names[0]}.ipynb`), and hand it in
+  where your instructor says.
+
+## What is here
+
+| path | what it is |
+|---|---|
+| `notebooks/` | the exercise notebooks |
+| `src/minigpt/` | your package, built from your notebooks |
+| `src/coursekit/` | the course's tools and test helpers, and its offline data: GPT-2's tokenizer files, the Shakespeare corpus, the course's small model |
+{docs_row}| `environment.yml`, `postBuild` | Binder's environment |
+| `pyproject.toml`, `constraints.txt`, `Makefile` | your local environment |
+
+Licence: `LICENSE` (MIT); the data's own terms are in the README of each folder under `src/coursekit/data/`.
+""", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The website
+
+
+def _exercise_extension(course_root: Path):
+    """book/_ext/exercise.py, whose binder_url the exercise boxes use: one rule for every Binder link."""
+    spec = importlib.util.spec_from_file_location("_exercise_ext", course_root / "book" / "_ext" / "exercise.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def binder_url(course_root: Path, repository_url: str, branch: str, path_in_repo: str) -> str:
+    config = yaml.safe_load((course_root / "_config.yml").read_text(encoding="utf-8"))
+    options = {"launch_buttons": config.get("launch_buttons", {}), "repository_url": repository_url,
+               "repository_branch": branch}
+    return _exercise_extension(course_root).binder_url(options, path_in_repo)
+
+
+def release_book_config(course_root: Path, out: Path, repository_url: str, branch: str,
+                        execution_cache: Path | None = None) -> dict:
+    """The course's _config.yml with the release's repository, for a build whose Binder buttons open the release."""
+    config = yaml.safe_load((course_root / "_config.yml").read_text(encoding="utf-8"))
+    config.setdefault("repository", {}).update(url=repository_url, branch=branch)
+    sphinx = config.setdefault("sphinx", {})
+    # Jupyter Book resolves these against the config file's folder, which is a temporary one here.
+    sphinx["local_extensions"] = {name: str((course_root / path).resolve())
+                                  for name, path in (sphinx.get("local_extensions") or {}).items()}
+    # The release has neither minigpt-grade nor the chapter pages' sources (see book/_ext/exercise.py).
+    sphinx.setdefault("config", {}).update(exercise_check_command="", exercise_launch_buttons_only=True)
+    # The pages run the same code whatever the repository: reuse the course build's executed notebooks.
+    config.setdefault("execute", {})["cache"] = str(execution_cache or course_root / "_build" / ".jupyter_cache")
+    if out.resolve().is_relative_to(course_root):
+        config.setdefault("exclude_patterns", []).append(str(out.resolve().relative_to(course_root)))
+    return config
+
+
+def build_website(course_root: Path, out: Path, repository_url: str, branch: str,
+                  execution_cache: Path | None = None) -> None:
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    if not jupyter_book.is_file():
+        raise UsageError(f"{jupyter_book} is missing (make env installs it); or pass --book-html or --no-book")
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(course_root / "src" / "coursekit" / "data" / "tiktoken"),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("MPLBACKEND", None)  # it would replace the notebooks' inline backend: no plots
+    with tempfile.TemporaryDirectory(prefix="minigpt-student-book-") as tmp:
+        config = Path(tmp) / "_config.yml"
+        settings = release_book_config(course_root, out, repository_url, branch, execution_cache)
+        config.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+        print(f"building the website with repository {repository_url} (branch {branch}); minutes on a cold cache")
+        proc = subprocess.run([str(jupyter_book), "build", "--all", "-W", "--keep-going", "--config", str(config),
+                               "--path-output", tmp, str(course_root)],
+                              cwd=course_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise UsageError(f"the website did not build (jupyter-book exit {proc.returncode}):\n"
+                             + build_failure(proc.stdout, Path(tmp) / "_build" / "html" / "reports"))
+        shutil.copytree(Path(tmp) / "_build" / "html", out / WEBSITE)
+
+
+def build_failure(log: str, reports: Path) -> str:
+    """Sphinx's warnings and, for each page whose code failed, the end of its traceback (in a folder about to go)."""
+    lines = [_ANSI.sub("", line) for line in log.splitlines()]
+    shown = [line for line in lines if ": WARNING:" in line or ": ERROR:" in line] or lines[-30:]
+    for report in sorted(reports.rglob("*.err.log")):
+        tail = [_ANSI.sub("", line) for line in report.read_text(errors="replace").splitlines() if line.strip()]
+        shown += [f"{report.relative_to(reports)}:"] + [f"    {line}" for line in tail[-3:]]
+    return "\n".join(shown)
+
+
+def binder_problems(course_root: Path, out: Path, repository_url: str | None, branch: str) -> list[str]:
+    """Binder links of the website that open another repository, or a file the release does not have."""
+    site = out / WEBSITE
+    problems: dict[str, list[str]] = {}
+    for page in sorted(site.rglob("*.html")):
+        for href in set(_BINDER_LINK.findall(page.read_text(encoding="utf-8", errors="replace"))):
+            href = unquote(html.unescape(href))
+            path = href.split("urlpath=", 1)[1].split("tree/", 1)[-1]
+            if not (out / path).is_file():
+                problems.setdefault(f"Binder opens {path}, which the release does not have", []).append(page.name)
+            if repository_url and href != unquote(binder_url(course_root, repository_url, branch, path)):
+                target = href.split("?", 1)[0]
+                problems.setdefault(f"Binder opens {target}, not the release repository {repository_url} "
+                                    f"(branch {branch})", []).append(page.name)
+            elif not repository_url:
+                problems.setdefault(f"Binder opens {href.split('?', 1)[0]}: is that the release repository?",
+                                    []).append(page.name)
+    return [f"{WEBSITE}/: {what} ({len(pages)} link(s), e.g. on {pages[0]})" for what, pages in problems.items()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The scan
+
+
+def _flat(text: str) -> str:
+    """Words only: the same text matches whether it is code, Markdown or a rendered page."""
+    return " ".join(re.findall(r"\w+", text))
+
+
+def readable_text(path: Path, data: bytes) -> str | None:
+    """What a reader sees in a file: a notebook's strings, a page's text without tags; None for binaries."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if path.suffix == ".ipynb":
+        try:
+            strings: list[str] = []
+            _strings(json.loads(text), strings)
+            return "\n".join(strings)
+        except json.JSONDecodeError:
+            return text
+    if path.suffix in (".html", ".htm"):
+        return html.unescape(re.sub(r"<[^>]+>", "", text))
+    return text
+
+
+def _strings(value, found: list[str]) -> None:
+    if isinstance(value, str):
+        found.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, found)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _files(folder: Path):
+    for path in sorted(folder.rglob("*")):
+        if ".git" not in path.relative_to(folder).parts[:1] and (path.is_file() or path.is_symlink()):
+            yield path
+
+
+class Fingerprints:
+    """What the hidden side of the course looks like: its files, solution code and check functions."""
+
+    def __init__(self, course_root: Path):
+        # Files the learner side has too are no clue: a data file nbgrader copies from solutions/ to
+        # notebooks/, a module exported the same from both (a chapter with no exercise in it).
+        learner_side = {_sha(p.read_bytes()) for folder in ("notebooks", "src/coursekit")
+                        for p in _files(course_root / folder)}
+        try:
+            learner_side |= {_sha(text.encode()) for text in export.build_package(course_root / "notebooks").values()}
+        except ValueError:
+            pass  # no learner notebooks to export: nothing to allow
+        self.copies: dict[str, str] = {}  # sha256 -> course path
+        for folder in ("solutions", "autograder", "src/minigpt"):
+            for path in _files(course_root / folder):
+                data = path.read_bytes()
+                if len(data) >= MIN_COPIED_FILE_BYTES and _sha(data) not in learner_side:
+                    self.copies.setdefault(_sha(data), str(path.relative_to(course_root)))
+        self.snippets: list[tuple[str, str]] = []  # (flat text, what it is)
+        for nb in export.chapter_notebooks(course_root / "solutions"):
+            cells = json.loads(nb.read_text(encoding="utf-8")).get("cells", [])
+            for cell in cells:
+                source = "".join(cell.get("source", []))
+                for region in _SOLUTION_REGION.findall(source):
+                    if len(_flat(region)) >= MIN_SOLUTION_CHARS:
+                        self.snippets.append((_flat(region), f"solution code of {nb.parent.name}"))
+        # What the course shows learners anyway: a check may word its messages like the lesson does.
+        shipped = _flat("\n".join(readable_text(p, p.read_bytes()) or ""
+                                  for folder in ("src/coursekit", "notebooks", "book")
+                                  for p in _files(course_root / folder) if p.suffix in (".py", ".ipynb", ".md")))
+        names = []
+        for check in sorted((course_root / "autograder" / "checks").glob("*.py")):
+            where = f"autograder/checks/{check.name}"
+            tree = ast.parse(check.read_text(encoding="utf-8"))
+            names += [(node.name, where) for node in tree.body
+                      if isinstance(node, ast.FunctionDef) and node.name.startswith("check_")]
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    text = _flat(node.value)
+                    # Text the learner side shows anyway (coursekit's own messages) says nothing hidden.
+                    if len(text) >= MIN_CHECK_STRING_CHARS and text not in shipped:
+                        self.snippets.append((text, f"text of {where}"))
+        self.check_names = dict(names)
+        # Hidden tests call `checks.check_x(...)`; a bare name such as check_attention may well be the
+        # learner side's own (coursekit's capstone has one).
+        self.check_call = (re.compile(r"\bchecks\s*\.\s*(" + "|".join(map(re.escape, sorted(self.check_names)))
+                                      + r")\b") if names else None)
+
+
+def scan(out: Path, course_root: Path = COURSE_ROOT) -> list[str]:
+    """Every place in OUT that holds something learners must not see, as 'path: what'. Empty when clean."""
+    out = Path(out)
+    prints = Fingerprints(course_root)
+    findings = []
+    for path in _files(out):
+        rel = path.relative_to(out).as_posix()
+        parts = set(path.relative_to(out).parts)
+        for folder in sorted(parts & GRADING_FOLDERS):
+            findings.append(f"{rel}: under {folder}/ (the grading side of the course)")
+        if path.name in GRADING_FILES:
+            findings.append(f"{rel}: grading file")
+        if path.suffix == ".pyc":
+            findings.append(f"{rel}: compiled Python (could hold any code)")
+        if path.is_symlink():
+            findings.append(f"{rel}: a symbolic link (the release must hold real files)")
+            continue
+        data = path.read_bytes()
+        copied = prints.copies.get(_sha(data)) if len(data) >= MIN_COPIED_FILE_BYTES else None
+        if copied:
+            findings.append(f"{rel}: a copy of the course's {copied}")
+        text = readable_text(path, data)
+        if text is None:
+            continue
+        # (the substring tests first: the regular expressions are slow on megabytes of corpus)
+        markers = LEAK_TEXT.findall(text) if any(k in text for k in ("SOLUTION", "HIDDEN", "autograder")) else []
+        for marker in sorted(set(markers)):
+            findings.append(f"{rel}: {marker!r}")
+        flat = _flat(text)
+        words = set(flat.split())  # a cheap first test: a snippet's words must all be in the file
+        findings += [f"{rel}: {what}" for snippet, what in prints.snippets
+                     if words.issuperset(snippet.split()) and snippet in flat]
+        if prints.check_call and "checks" in text:
+            for name in sorted(set(prints.check_call.findall(text))):
+                findings.append(f"{rel}: calls the hidden check checks.{name} ({prints.check_names[name]})")
+    return findings + package_findings(out) + stub_findings(out)
+
+
+def package_findings(out: Path) -> list[str]:
+    """src/minigpt must be exactly what the release's notebooks export: stubs, not the reference."""
+    if not (out / "notebooks").is_dir():
+        return ["notebooks/: missing"]
+    try:
+        want = export.build_package(out / "notebooks")
+    except ValueError as err:
+        return [f"notebooks/: the learner's package cannot be exported from them ({err})"]
+    package = out / "src" / "minigpt"
+    have = {p.name: p for p in package.iterdir()} if package.is_dir() else {}
+    findings = []
+    for name in sorted(set(want) | set(have)):
+        if name not in have:
+            findings.append(f"src/minigpt/{name}: missing (run minigpt-export notebooks src/minigpt)")
+        elif name not in want:
+            findings.append(f"src/minigpt/{name}: not exported from notebooks/ (the learner's package is only that)")
+        elif not have[name].is_file() or have[name].read_text(encoding="utf-8") != want[name]:
+            findings.append(f"src/minigpt/{name}: differs from the export of notebooks/ (the reference, or edited?)")
+    return findings
+
+
+def stub_findings(out: Path) -> list[str]:
+    """Every code cell nbgrader marks as a solution must be a stub in the learner notebooks."""
+    findings = []
+    for nb in sorted((out / "notebooks").rglob("*.ipynb")):
+        rel = nb.relative_to(out).as_posix()
+        try:
+            cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as err:
+            findings.append(f"{rel}: not a readable notebook ({err})")
+            continue
+        for i, cell in enumerate(cells):
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            source = "".join(cell.get("source", []))
+            if cell.get("cell_type") == "code" and meta.get("solution") and "raise NotImplementedError()" not in source:
+                findings.append(f"{rel}: solution cell {meta.get('grade_id', i)} has no `raise NotImplementedError()` "
+                                "stub (does it hold the answer?)")
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command
+
+
+def build(out: Path, course_root: Path = COURSE_ROOT, repository_url: str | None = None, branch: str = "main",
+          book_html: Path | None = None, no_book: bool = False, execution_cache: Path | None = None) -> list[str]:
+    """Write the student release into OUT; return warnings about its website's Binder links.
+
+    ``execution_cache``: jupyter-cache folder for the website's pages (default: the course build's own).
+    """
+    check_course(course_root)
+    if not (no_book or book_html or repository_url):
+        raise UsageError("the website's Binder buttons need the release repository: pass --repository-url URL "
+                         "(where OUT will be pushed), or --book-html PATH or --no-book")
+    if book_html and not (Path(book_html) / "index.html").is_file():
+        raise UsageError(f"{book_html} is not a built website (no index.html in it)")
+    prepare(out)
+    copy_notebooks(course_root, out)
+    shutil.copytree(course_root / "src" / "coursekit", out / "src" / "coursekit", ignore=COPY_IGNORE)
+    export.write_package(out / "notebooks", out / "src" / "minigpt")
+    write_pyproject(course_root, out)
+    write_environment(course_root, out)
+    write_tooling(out)
+    write_license(course_root, out)
+    write_readme(course_root, out, repository_url, branch, website=not no_book)
+    if no_book:
+        return []
+    if book_html:
+        shutil.copytree(book_html, out / WEBSITE, ignore=shutil.ignore_patterns(".buildinfo"))
+    else:
+        build_website(course_root, out, repository_url, branch, execution_cache)
+    (out / WEBSITE / ".nojekyll").write_text("")  # GitHub Pages would hide _static/ and _images/
+    problems = binder_problems(course_root, out, repository_url, branch)
+    if problems and not book_html:
+        raise UsageError("the website built for the release has wrong Binder links:\n" + "\n".join(problems))
+    return problems
+
+
+def size(folder: Path) -> str:
+    total = sum(p.stat().st_size for p in _files(folder) if p.is_file())
+    return f"{total / 1e6:.1f} MB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder.student_release",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder to write (made by this command, or empty)")
+    parser.add_argument("--repository-url", help="where OUT will be pushed (Binder buttons open it)")
+    parser.add_argument("--branch", default="main", help="the branch of that repository (default: main)")
+    website = parser.add_mutually_exclusive_group()
+    website.add_argument("--book-html", type=Path, help="copy this built website instead of building one; its "
+                         "Binder buttons open whatever repository it was built for")
+    website.add_argument("--no-book", action="store_true", help="no website in the release")
+    parser.add_argument("--scan", action="store_true", help="change nothing: scan OUT and report")
+    parser.add_argument("--course-root", type=Path, default=COURSE_ROOT)
+    args = parser.parse_args(argv)
+    root, out = args.course_root.resolve(), args.out.resolve()
+    try:
+        if not args.scan:
+            problems = build(out, root, args.repository_url, args.branch, args.book_html, args.no_book)
+            for problem in problems:
+                print(f"warning: {problem}", file=sys.stderr)
+            if problems:
+                print(f"warning: {WEBSITE}/ is a copy of {args.book_html}; build without --book-html for a website "
+                      "whose Binder buttons open the release's notebooks", file=sys.stderr)
+        elif not (out / MARKER).is_file():
+            raise UsageError(f"{out} is not a student release (no {MARKER} in it)")
+    except UsageError as err:
+        print(f"student_release: {err}", file=sys.stderr)
+        return 2
+    findings = scan(out, root)
+    for finding in findings:
+        print(f"LEAK {finding}")
+    if findings:
+        print(f"{out}: {len(findings)} finding(s); do not publish it", file=sys.stderr)
+        return 1
+    print(f"{out}: student release, {size(out)}, {len(chapters(root))} chapters; the scan found nothing hidden")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The student release: what learners get holds no solutions, hidden tests, grading code or reference.
+
+Most tests build a release with a tiny stand-in website (``--book-html``), which takes a second; the slow
+one builds the real website with the release's repository URL.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autograder import student_release as sr
+
+ROOT = sr.COURSE_ROOT
+URL = "https://github.com/example-school/minigpt-learners"
+CHAPTERS = sr.chapters(ROOT)
+
+
+def stand_in_site(folder: Path, repository_url: str = URL) -> Path:
+    """A one-page website whose exercise link opens the first notebook in ``repository_url``."""
+    folder.mkdir(parents=True)
+    link = sr.binder_url(ROOT, repository_url, "main", f"notebooks/{CHAPTERS[0]}/{CHAPTERS[0]}.ipynb")
+    (folder / "index.html").write_text(
+        f'<html><body><p>Tokens.</p><a class="binder-exercise-link" href="{link}">Launch on Binder</a></body></html>')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("student-release")
+    out = tmp / "release"
+    site = stand_in_site(tmp / "site")
+    assert sr.main([str(out), "--repository-url", URL, "--book-html", str(site)]) == 0
+    return out
+
+
+@pytest.fixture
+def copy(release, tmp_path) -> Path:
+    """A copy of the release to plant a leak in."""
+    return Path(shutil.copytree(release, tmp_path / "release"))
+
+
+def test_the_release_scans_clean(release):
+    assert sr.scan(release) == []
+
+
+def test_the_release_has_what_learners_need(release):
+    for chapter in CHAPTERS:
+        assert (release / "notebooks" / chapter / f"{chapter}.ipynb").is_file()
+    for path in ["README.md", "LICENSE", "pyproject.toml", "environment.yml", "postBuild", "constraints.txt",
+                 "Makefile", "src/minigpt/__init__.py", "src/coursekit/testing.py", "src/coursekit/export.py",
+                 "src/coursekit/data/tiktoken/LICENSE", "src/coursekit/data/shakespeare/README.md",
+                 "src/coursekit/data/models/shakespeare-gpt/model.safetensors", "docs/index.html", "docs/.nojekyll"]:
+        assert (release / path).is_file(), f"{path} is missing"
+    assert os.access(release / "postBuild", os.X_OK)
+    assert not (release / "autograder").exists() and not (release / "solutions").exists()
+    assert (release / "constraints.txt").read_bytes() == (ROOT / "constraints.txt").read_bytes()
+    readme = (release / "README.md").read_text()
+    assert "minigpt-export notebooks src/minigpt" in readme and "student release" in readme
+    assert sr.binder_url(ROOT, URL, "main", f"notebooks/{CHAPTERS[0]}/{CHAPTERS[0]}.ipynb") in readme
+
+
+def test_pyproject_and_binder_environment_ask_for_the_same_packages(release):
+    project = tomllib.loads((release / "pyproject.toml").read_text())["project"]
+    assert set(project["scripts"]) == {"minigpt-export", "minigpt-generate"}  # no minigpt-grade: no hidden checks
+    wanted = {sr._requirement_name(d): d for d in project["dependencies"]}
+    assert "nbgrader" in wanted and "torch" in wanted and not sr.BOOK_ONLY & set(wanted)
+    env = yaml.safe_load((release / "environment.yml").read_text())["dependencies"]
+    conda = {sr._requirement_name(d): d for d in env if isinstance(d, str)} | {
+        sr._requirement_name(d): d for dep in env if isinstance(dep, dict) for d in dep["pip"] if d[0] != "-"}
+    assert conda.pop("python") == "python=3.11" and conda.pop("pip") == "pip"
+    assert set(conda) == set(wanted)
+    assert all(conda[name].replace("=", "") == wanted[name].replace("=", "") for name in wanted)
+
+
+def test_the_learner_package_is_the_learner_notebooks_export(release):
+    modules = sr.export.build_package(release / "notebooks")
+    assert sorted(p.name for p in (release / "src" / "minigpt").iterdir()) == sorted(modules)
+    reference = sr.export.build_package(ROOT / "solutions")
+    with_exercises = {name for name, text in modules.items() if "raise NotImplementedError()" in text}
+    assert with_exercises and all(modules[name] != reference[name] for name in with_exercises | {"__init__.py"})
+
+
+def run_python(release: Path, code: str, cwd: Path) -> str:
+    """Run ``code`` with only the release's src/ added to this environment (no bytecode written into OUT)."""
+    env = {**os.environ, "PYTHONPATH": str(release / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_the_learner_package_imports_and_its_stubs_raise(release, tmp_path):
+    modules = [name[:-3] for name in sr.export.build_package(release / "notebooks") if name != "__init__.py"]
+    out = run_python(release, f"""
+import importlib, minigpt
+for name in {modules!r}:
+    importlib.import_module("minigpt." + name)
+print(minigpt.__file__)
+from minigpt.attention import causal_mask
+try:
+    causal_mask(3)
+except NotImplementedError:
+    print("stub raised NotImplementedError")
+""", tmp_path)
+    assert out.splitlines() == [str(release / "src" / "minigpt" / "__init__.py"), "stub raised NotImplementedError"]
+
+
+def test_chapter_4_imports_earlier_chapters_from_the_learners_package(release):
+    folder = release / "notebooks" / "04-transformer"
+    cells = json.loads((folder / "04-transformer.ipynb").read_text())["cells"]
+    imports = [line.strip() for cell in cells if cell["cell_type"] == "code"
+               for line in "".join(cell["source"]).splitlines() if re.match(r"\s*from minigpt\.\w+ import ", line)]
+    assert any("minigpt.attention" in line for line in imports)
+    out = run_python(release, "\n".join(imports) + """
+import sys
+for name, module in sorted(sys.modules.items()):
+    if name.split(".")[0] in ("minigpt", "coursekit"):
+        print(name, module.__file__)
+""", folder)
+    loaded = dict(line.split(" ", 1) for line in out.splitlines())
+    assert "minigpt.attention" in loaded and "minigpt.embeddings" in loaded
+    assert all(Path(path).is_relative_to(release / "src") for path in loaded.values()), loaded
+
+
+def _add_cell(notebook: Path, source: str) -> None:
+    nb = json.loads(notebook.read_text())
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                        "source": source})
+    notebook.write_text(json.dumps(nb))
+
+
+def _first_stub_to_pass(notebook: Path) -> None:
+    nb = json.loads(notebook.read_text())
+    cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")
+                and c["cell_type"] == "code")
+    cell["source"] = "".join(cell["source"]).replace("raise NotImplementedError()", "pass")
+    notebook.write_text(json.dumps(nb))
+
+
+def _page_with_solution(page: Path) -> None:
+    """Reference code as a highlighted code cell of a website page: tags and entities around every token."""
+    code = (ROOT / "src" / "minigpt" / "attention.py").read_text()
+    body = "".join(f'<span class="n">{html_escape(tok)}</span>' for tok in re.split(r"(\W)", code))
+    page.write_text(f'<html><body><div class="highlight"><pre>{body}</pre></div></body></html>')
+
+
+def html_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+LEAKS = {
+    # name: (plant(release), path the finding names, what it says)
+    "solution marker in a notebook": (
+        lambda r: _add_cell(r / "notebooks/01-tokens/01-tokens.ipynb", "### BEGIN SOLUTION\nx = 1\n### END SOLUTION"),
+        "notebooks/01-tokens/01-tokens.ipynb", "BEGIN SOLUTION"),
+    "solution cell without its stub": (
+        lambda r: _first_stub_to_pass(r / "notebooks/02-embeddings/02-embeddings.ipynb"),
+        "notebooks/02-embeddings/02-embeddings.ipynb", "no `raise NotImplementedError()` stub"),
+    "instructor notebook released": (
+        lambda r: shutil.copy(ROOT / "solutions/03-attention/03-attention.ipynb", r / "notebooks/03-attention"),
+        "notebooks/03-attention/03-attention.ipynb", "a copy of the course's solutions/03-attention"),
+    "reference module copied into the package": (
+        lambda r: shutil.copy(ROOT / "src/minigpt/attention.py", r / "src/minigpt/attention.py"),
+        "src/minigpt/attention.py", "a copy of the course's src/minigpt/attention.py"),
+    "reference package copied whole": (
+        lambda r: (shutil.rmtree(r / "src/minigpt"), shutil.copytree(ROOT / "src/minigpt", r / "src/minigpt")),
+        "src/minigpt/transformer.py", "differs from the export of notebooks/"),
+    "reference code pasted into another file": (
+        lambda r: (r / "src/coursekit/helpers.py").write_text("# handy\n" + (ROOT / "src/minigpt/tokens.py").read_text()),
+        "src/coursekit/helpers.py", "solution code of 01-tokens"),
+    "reference code on a website page": (
+        lambda r: _page_with_solution(r / "docs/attention.html"),
+        "docs/attention.html", "solution code of 03-attention"),
+    "hidden check call in a page": (
+        lambda r: (r / "docs/feedback.html").write_text("<p>checks.<b>check_bpe_merge</b>(bpe_merge)</p>"),
+        "docs/feedback.html", "calls the hidden check checks.check_bpe_merge"),
+    "autograder file": (
+        lambda r: (r / "tools").mkdir() or shutil.copytree(ROOT / "autograder/checks", r / "tools/autograder/checks"),
+        "tools/autograder/checks/tokens.py", "under autograder/"),
+    "autograder import": (
+        lambda r: (r / "src/coursekit/grading.py").write_text("from autograder.checks import tokens\n"),
+        "src/coursekit/grading.py", "from autograder"),
+    "gradebook": (
+        lambda r: (r / "gradebook.db").write_bytes(b"SQLite format 3\0"), "gradebook.db", "grading file"),
+    "compiled reference": (
+        lambda r: (r / "src/minigpt/__pycache__").mkdir() or (r / "src/minigpt/__pycache__/attention.cpython-311.pyc")
+        .write_bytes(b"\0" * 100), "src/minigpt/__pycache__/attention.cpython-311.pyc", "compiled Python"),
+}
+
+
+@pytest.mark.parametrize("leak", LEAKS)
+def test_the_scan_names_each_leak(copy, leak):
+    plant, where, what = LEAKS[leak]
+    plant(copy)
+    findings = sr.scan(copy)
+    assert any(f.startswith(where) and what in f for f in findings), "\n".join(findings) or "no findings"
+
+
+def test_the_command_exits_1_on_a_leak(copy, capsys):
+    (copy / "gradebook.db").write_bytes(b"")
+    assert sr.main([str(copy), "--scan"]) == 1
+    assert "LEAK gradebook.db: grading file" in capsys.readouterr().out
+
+
+def test_it_refuses_a_folder_it_did_not_make(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep me")
+    assert sr.main([str(tmp_path), "--no-book"]) == 2
+    assert "refusing to write into" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_a_rebuild_clears_the_release_but_keeps_its_git_history(tmp_path):
+    out = tmp_path / "release"
+    assert sr.main([str(out), "--no-book"]) == 0
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "stale.txt").write_text("from an earlier release")
+    assert sr.main([str(out), "--no-book"]) == 0
+    assert (out / ".git" / "HEAD").is_file() and not (out / "stale.txt").exists()
+    assert not (out / "docs").exists()
+
+
+def test_a_website_needs_the_release_repository(tmp_path, capsys):
+    assert sr.main([str(tmp_path / "release")]) == 2
+    assert "--repository-url" in capsys.readouterr().err
+    assert not (tmp_path / "release").exists()
+
+
+def test_a_copied_website_built_for_another_repository_is_reported(tmp_path, capsys):
+    course = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    site = stand_in_site(tmp_path / "site", repository_url=course)
+    assert sr.main([str(tmp_path / "release"), "--repository-url", URL, "--book-html", str(site)]) == 0
+    err = capsys.readouterr().err
+    assert f"not the release repository {URL}" in err and "build without --book-html" in err
+
+
+@pytest.mark.slow
+def test_the_real_website_opens_the_release_on_binder(tmp_path):
+    """The whole command: the book built with the release's repository, every Binder link opening a
+    notebook the release has, and a clean scan. Its own execution cache: test_site may be building the
+    course's book at the same time."""
+    out = tmp_path / "release"
+    # build() raises if a Binder link opens anything else
+    assert sr.build(out, ROOT, URL, "main", execution_cache=tmp_path / "jupyter_cache") == []
+    assert sr.scan(out) == []
+    pages = list((out / "docs").rglob("*.html"))
+    links = {link for page in pages for link in re.findall(r'href="(https://mybinder\.org/[^"]+)"', page.read_text())}
+    assert links == {sr.binder_url(ROOT, URL, "main", f"notebooks/{ch}/{ch}.ipynb") for ch in CHAPTERS}
+    box = (out / "docs" / "book" / f"{CHAPTERS[0]}.html").read_text()
+    assert "minigpt-grade" not in box and "hidden tests grade it" in box
