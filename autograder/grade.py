@@ -133,11 +133,25 @@ def course_chapters(course_root: Path) -> list[str]:
     return sorted(p.name for p in solutions.iterdir() if (p / f"{p.name}.ipynb").is_file())
 
 
+def graded_chapters(course_root: Path) -> list[str]:
+    """The chapters with something to grade: a cell worth points (the capstone, 08-capstone, has none)."""
+    graded = []
+    for ch in course_chapters(course_root):
+        try:
+            cells = json.loads((course_root / "solutions" / ch / f"{ch}.ipynb").read_text())["cells"]
+        except (OSError, ValueError, KeyError):
+            graded.append(ch)  # let nbgrader say what is wrong with it
+            continue
+        if any(c.get("metadata", {}).get("nbgrader", {}).get("points") for c in cells):
+            graded.append(ch)
+    return graded
+
+
 def check_chapters(wanted: list[str], known: list[str]) -> None:
     unknown = [c for c in wanted if c not in known]
     if unknown:
         raise UsageError(
-            f"no chapter {', '.join(unknown)} in solutions/ (chapters: {', '.join(known) or 'none'})"
+            f"no chapter {', '.join(unknown)} to grade in solutions/ (chapters: {', '.join(known) or 'none'})"
         )
 
 
@@ -946,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     try:
         limits = Limits(timeout=args.timeout, memory=parse_size(args.memory), cell_timeout=args.cell_timeout)
-        known = course_chapters(course_root)
+        known = graded_chapters(course_root)
         if args.class_dir:
             submissions = class_submissions(Path(args.class_dir).resolve(), args.chapter, known)
         else:

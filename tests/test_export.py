@@ -52,6 +52,15 @@ def test_export_keeps_solution_code_drops_markers_and_other_cells(tmp_path):
     assert "CHAPTERS = {'02-word-vectors': 'word_vectors'}" in files["__init__.py"]
 
 
+def test_a_chapter_without_exported_cells_has_no_module(tmp_path):
+    """The capstone exports nothing: it is left out of the package and of CHAPTERS, and the order stays."""
+    _notebook(tmp_path, "01-tokens", ["#| export\nX = 1\n"])
+    _notebook(tmp_path, "08-capstone", ["print('runs the learner package, exports nothing')"])
+    files = export.build_package(tmp_path)
+    assert set(files) == {"__init__.py", "tokens.py"}
+    assert "CHAPTERS = {'01-tokens': 'tokens'}" in files["__init__.py"]
+
+
 def test_imports_of_earlier_chapters_become_relative(tmp_path):
     _notebook(tmp_path, "04-model", ["#| export\nfrom minigpt.attention import CausalSelfAttention\n"
                                      "def f():\n    from minigpt.tokens import Tokenizer\n    return Tokenizer\n"])

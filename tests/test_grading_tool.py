@@ -358,3 +358,12 @@ def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
     [r] = json.loads(out.read_text())["results"]
     assert (r["score"], r["reused"]) == (1, False)
     assert _gradebook_rows(workdir) == [("s00", 1.0)]
+
+
+def test_the_capstone_is_not_offered_for_grading(capsys):
+    """08-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
+    assert "08-capstone" in grade.course_chapters(ROOT)
+    assert "08-capstone" not in grade.graded_chapters(ROOT)
+    assert grade.graded_chapters(ROOT) == [ch for ch in grade.course_chapters(ROOT) if ch != "08-capstone"]
+    code, _, err = run_grade(capsys, ROOT / "notebooks" / "08-capstone" / "08-capstone.ipynb")
+    assert code == 2 and "no chapter 08-capstone to grade" in err

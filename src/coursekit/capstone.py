@@ -1,0 +1,844 @@
+"""The capstone (chapter 8): your own minigpt, built from your notebooks, next to the real thing.
+
+    pkg = load_package("..")       # export ../NN-topic/NN-topic.ipynb into a package of its own and import it
+    compare(pkg)                   # each piece against an oracle on the course's model: a table of what matches
+    generate_side_by_side(pkg)     # one prompt, one seed: your package, the course's reference, Hugging Face
+
+The oracles are code neither you nor the course wrote: tiktoken for the tokenizer, PyTorch's functions, and
+Hugging Face's ``GPT2LMHeadModel`` with its ``generate``, its logits processors and its KV cache, all on the
+course's trained model. A piece is checked with its own code only: your loop, your samplers and your beam
+search drive Hugging Face's model, not yours, so a bug in your transformer does not show up as a bug in your
+loop. A piece that is built from earlier ones (your GPT from your embeddings and attention, your cache from
+your GPT) waits for them instead of being blamed for their mistakes.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import html
+import importlib
+import importlib.util
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+import coursekit
+from coursekit import export
+from coursekit.testing import describe_call, show
+
+PACKAGE_NAME = "learner_minigpt"  # never "minigpt": the course's reference keeps its name
+PROMPT = "Romeo.\n"  # how the corpus starts a speech
+SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95)  # the side-by-side's settings
+PROMPT_TOKENS, NEW_TOKENS, SLIDE_TOKENS = 12, 16, 5  # the checks' generations: short, for 2 CPU cores
+ATOL = 1e-4  # float32 on the course's model: minigpt and Hugging Face agree to about 1e-5 (logits up to 12)
+
+MATCHES, DIFFERS, NOT_WRITTEN, CRASHED, WAITS = "matches", "differs", "not written yet", "crashed", "waits"
+
+
+# ---------------------------------------------------------------------------------------------- your package
+
+def load_package(notebooks_dir: str | Path = "..", name: str = PACKAGE_NAME) -> ModuleType:
+    """Export the chapter notebooks in ``notebooks_dir`` (as last saved) into a fresh package ``name``; import it."""
+    if not Path(notebooks_dir).is_dir():
+        raise ValueError(f"{notebooks_dir} is not a folder: give the one that holds your chapter folders "
+                         "(01-tokens/, 02-embeddings/, ...)")
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    export.write_package(Path(notebooks_dir), folder / name)
+    return import_package(folder / name)
+
+
+def import_package(package_dir: str | Path) -> ModuleType:
+    """Import the package in ``package_dir`` under its folder's name, replacing an earlier import of that name."""
+    package_dir = Path(package_dir).resolve()
+    name = package_dir.name
+    if name == "minigpt":
+        raise ValueError(f"{package_dir}: a package named minigpt would hide the course's reference; "
+                         f"export it under another name, such as {PACKAGE_NAME}")
+    if not (package_dir / "__init__.py").is_file():
+        raise ValueError(f"{package_dir} is not a package (no __init__.py): export one with minigpt-export")
+    for loaded in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
+        del sys.modules[loaded]
+    spec = importlib.util.spec_from_file_location(name, package_dir / "__init__.py",
+                                                  submodule_search_locations=[str(package_dir)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+def reference_package() -> tuple[ModuleType | None, str]:
+    """The course's reference minigpt, or None and why it cannot be used here."""
+    try:
+        import minigpt
+    except ImportError as err:
+        return None, f"the course's reference package is not installed here ({err})"
+    folder = Path(minigpt.__file__).parent
+    stubs = any("YOUR CODE HERE" in p.read_text(encoding="utf-8") for p in folder.glob("*.py"))
+    if stubs or "exported from solutions/" not in (minigpt.__doc__ or ""):
+        return None, (f"the minigpt installed here ({folder}) is built from learner notebooks, not the course's "
+                      "reference: in this copy of the course it is your own package")
+    return minigpt, ""
+
+
+# ---------------------------------------------------------------------------------------------- the oracles
+
+@dataclasses.dataclass
+class Oracle:
+    """The course's model in Hugging Face's GPT2LMHeadModel, tiktoken's GPT-2 encoding, and the text the checks read."""
+    folder: Path
+    hf: torch.nn.Module
+    enc: object  # tiktoken.Encoding
+    text: list[int]  # a page of a play the model never trained on: a full window and a little more
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    @property
+    def window(self) -> list[int]:
+        return self.text[:self.config.n_positions]
+
+    @functools.cached_property
+    def run(self) -> SimpleNamespace:
+        """Hugging Face's forward over the window: logits, hidden states, its KV cache and block 0's attention."""
+        seen = {}
+
+        def record(module, args, kwargs, output):
+            seen["x"], seen["y"] = (args[0] if args else kwargs["hidden_states"]), output[0]
+
+        hook = self.hf.transformer.h[0].attn.register_forward_hook(record, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                out = self.hf(torch.tensor([self.window]), use_cache=True, output_hidden_states=True)
+        finally:
+            hook.remove()
+        return SimpleNamespace(logits=out.logits, hidden=out.hidden_states, cache=out.past_key_values,
+                               attn_in=seen["x"], attn_out=seen["y"])
+
+    def piece(self, token: int) -> str:
+        """A token's text, for messages."""
+        try:
+            return self.enc.decode([token])
+        except Exception:  # noqa: BLE001 (an id outside the vocabulary still gets a message)
+            return "?"
+
+
+@functools.cache
+def oracle(model_dir: str | Path | None = None) -> Oracle:
+    """The oracles for the GPT-2 folder ``model_dir`` (the course's model by default), loaded once."""
+    from transformers import GPT2LMHeadModel
+
+    folder = Path(model_dir or coursekit.shipped_model_dir())
+    with _quiet_hf():
+        # The course's checkpoint is float16 on disk; minigpt computes in float32, so Hugging Face must too.
+        hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
+    enc = coursekit.gpt2_encoding()
+    text = coursekit.shakespeare(("julius_caesar",))  # held out: the model never trained on it
+    return Oracle(folder, hf, enc, enc.encode_ordinary(text[20_000:40_000])[:hf.config.n_positions + 8])
+
+
+class HFModel(torch.nn.Module):
+    """Hugging Face's model dressed as a minigpt GPT (``model(idx)`` gives logits, ``model.config.block_size``),
+    so that your loop, samplers and beam search can be checked on numbers that do not come from your model."""
+
+    def __init__(self, hf: torch.nn.Module, last_only: bool = False):
+        super().__init__()
+        self.hf, self.last_only = hf, last_only  # last_only: the oracle's own loops need no other position
+        c = hf.config
+        self.config = SimpleNamespace(vocab_size=c.vocab_size, block_size=c.n_positions, n_layer=c.n_layer,
+                                      n_head=c.n_head, n_embd=c.n_embd)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.hf(idx, use_cache=False, logits_to_keep=1 if self.last_only else 0).logits
+
+
+def hf_generate(o: Oracle, prompt: list[int], n: int, seed: int | None = None, **settings) -> list[int]:
+    """Hugging Face's generate: the new ids, up to and with an end-of-text. With a seed, drawn from torch's
+    global generator seeded so (as a Sampler(seed=...) draws from its own), leaving your random state alone."""
+    settings = {"eos_token_id": o.enc.eot_token, **settings}
+    if settings.get("do_sample"):
+        settings.setdefault("top_k", 0)  # no top-k unless asked: generate's default is 50
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _quiet_hf():
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = o.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                            max_new_tokens=n, pad_token_id=o.enc.eot_token, **settings)
+    return _until_end(out[0, len(prompt):].tolist(), {o.enc.eot_token})
+
+
+def drive(model, prompt: list[int], n: int, choose: Callable | None = None, end: int | None = None) -> list[int]:
+    """Chapter 5's loop in its plainest form, so that a piece can be checked without your loop: ``n`` tokens,
+    each chosen (greedily by default) from ``model``'s logits at the last position of the last block_size tokens."""
+    ids, block = list(prompt), model.config.block_size
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids[-block:]]))[0, -1]
+        ids.append(int(logits.argmax()) if choose is None else choose(logits, list(ids)))
+        if ids[-1] == end:
+            break
+    return ids[len(prompt):]
+
+
+@contextlib.contextmanager
+def _quiet_hf():
+    """No progress bars, logs or warnings from transformers in the notebook."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _one_thread(fn):
+    """Run on one CPU thread: the course's model is small, and threads only wait on each other (on a busy 2-core
+    machine, several times slower)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapper
+
+
+def _until_end(ids: list[int], ends: set[int]) -> list[int]:
+    end = next((i for i, t in enumerate(ids) if t in ends), None)
+    return ids if end is None else ids[:end + 1]
+
+
+# ---------------------------------------------------------------------------------------------- comparing
+
+class Verdict(Exception):
+    """How a check ended when not with "matches"; the message says what was found, in the notebook's words."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def differs(message: str):
+    raise Verdict(DIFFERS, message)
+
+
+class Probe:
+    """Runs a check's calls into one package, remembering which call is running, so that a crash can name it."""
+
+    def __init__(self, package: ModuleType):
+        self.package, self.doing = package, "the check"
+
+    def module(self, name: str) -> ModuleType:
+        self.doing = f"importing {name}.py"
+        try:
+            module = importlib.import_module(f"{self.package.__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{self.package.__name__}.{name}":
+                raise
+            raise Verdict(NOT_WRITTEN, f"there is no {name}.py in your package: its notebook is missing or has no "
+                                       "#| export cells") from None
+        self.doing = "the check"
+        return module
+
+    def call(self, fn, *args, label: str | None = None, **kwargs):
+        self.doing = label or describe_call(getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+        result = fn(*args, **kwargs)
+        self.doing = "the check"  # a crash from here on is the check's, not the call's
+        return result
+
+    def verdict(self, err: BaseException) -> tuple[str, str]:
+        """(status, message) for an exception raised by a check."""
+        if isinstance(err, Verdict):
+            return err.status, str(err)
+        where = self.learner_frame(err)
+        if isinstance(err, NotImplementedError):
+            return NOT_WRITTEN, f"{where[0] if where else self.doing} is not written yet"
+        text = " ".join(str(err).split())
+        text = text if len(text) <= 200 else text[:200] + "..."
+        if where and self.doing.startswith("importing ") and not self.doing.endswith(" " + where[1]):
+            return CRASHED, f"{self.doing} failed in {where[1]}, line {where[2]}: {type(err).__name__}: {text}"
+        place = f" (in {where[0]}, {where[1]} line {where[2]})" if where else ""
+        return CRASHED, f"{self.doing} raised {type(err).__name__}: {text}{place}"
+
+    def learner_frame(self, err: BaseException) -> tuple[str, str, int] | None:
+        """(function, file, line) of the innermost frame of the traceback in the package's own files."""
+        folder = str(Path(self.package.__file__).resolve().parent) + "/"
+        found, tb = None, err.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if str(Path(code.co_filename).resolve()).startswith(folder):
+                found = (code.co_qualname, Path(code.co_filename).name, tb.tb_lineno)
+            tb = tb.tb_next
+        if isinstance(err, SyntaxError) and str(Path(err.filename or "/").resolve()).startswith(folder):
+            found = ("<module>", Path(err.filename).name, err.lineno or 0)  # the file that could not be compiled
+        return found
+
+
+def close(got, want: torch.Tensor, what: str, oracle_name: str, atol: float = ATOL) -> None:
+    """Raise a "differs" verdict unless tensor ``got`` is ``want`` to within ``atol``; say by how much and where:
+    the first row of a (rows, V) tensor, the first position (dimension -2) of a (B, T, C) or (B, H, T, D) one."""
+    if not isinstance(got, torch.Tensor):
+        differs(f"{what} is a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}")
+    if got.shape != want.shape:
+        differs(f"{what} has shape {tuple(got.shape)}; {oracle_name} has {tuple(want.shape)}")
+    diff = (got.detach().float() - want).abs()
+    bad = ~(diff <= atol + 1e-5 * want.abs())  # NaN counts as wrong
+    if bad.any():
+        first = bad.nonzero()[0].tolist()
+        where = "" if len(first) < 2 else f" at row {first[0]}" if len(first) == 2 else f" at position {first[-2]}"
+        if len(first) >= 3 and want.shape[0] > 1:
+            where += f" of row {first[0]}"
+        size = "NaN" if diff.isnan().any() else f"up to {diff.nan_to_num(0).max().item():.3g}"
+        differs(f"{what} differs from {oracle_name} by {size}, first{where}")
+
+
+def same_ids(got, want: list[int], what: str, oracle_name: str, o: Oracle) -> None:
+    """Raise a "differs" verdict unless the token ids ``got`` are ``want``; name the first token that departs."""
+    got = list(got) if isinstance(got, (list, tuple)) else got
+    if not isinstance(got, list):
+        differs(f"{what} gave a {type(got).__name__}, expected a list of token ids")
+    if got == want:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    if i == len(got) or i == len(want):
+        differs(f"{what} gives {len(got)} tokens, {oracle_name} {len(want)} (the first {i} agree)")
+    differs(f"{what} departs from {oracle_name} at token {i}: {got[i]} ({o.piece(got[i])!r}) "
+            f"instead of {want[i]} ({o.piece(want[i])!r})")
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+# Each check takes (probe, oracle) and returns what it found when everything matches.
+
+TOKENIZER_TEXTS = [PROMPT, "I'll pay 100 ducats, won't I?\n\n   Yes!", "naïve café, ’tis 🙂 ☃",
+                   "<|endoftext|>Romeo.\nGood morrow."]
+
+
+def check_tokenizer(probe: Probe, o: Oracle) -> str:
+    tokens = probe.module("tokens")
+    tok = probe.call(tokens.gpt2_tokenizer)
+    texts = TOKENIZER_TEXTS + [o.enc.decode(o.window)]
+    for text in texts:
+        want = o.enc.encode(text, allowed_special="all")
+        got = probe.call(tok.encode, text, allowed_special="all", label=f"Tokenizer.encode({show(text)})")
+        if got != want:
+            shown = (f"{got}, tiktoken gives {want}" if max(len(got), len(want)) <= 12 else
+                     _ids_difference(got, want))
+            differs(f"{show(text)} encodes to {shown}")
+        back = probe.call(tok.decode, want, label=f"Tokenizer.decode(tiktoken's ids of {show(text)})")
+        if back != text:
+            differs(f"Tokenizer.decode(tiktoken's ids of {show(text)}) gives {show(back)}")
+    return f"{len(texts)} texts ({sum(len(o.enc.encode(t, allowed_special='all')) for t in texts)} tokens) " \
+           "encode and decode as tiktoken's gpt2 does"
+
+
+def _ids_difference(got: list[int], want: list[int]) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return f"{len(got)} ids, tiktoken {len(want)}; from id {i} on yours are {got[i:i + 6]}, tiktoken's {want[i:i + 6]}"
+
+
+def check_embeddings(probe: Probe, o: Oracle) -> str:
+    embeddings, c = probe.module("embeddings"), o.config
+    ids = torch.tensor([o.window])
+    table = o.hf.transformer.wte.weight.detach()
+    close(probe.call(embeddings.one_hot, ids[0, :6], c.vocab_size, label="one_hot(6 ids, 50257)"),
+          F.one_hot(ids[0, :6], c.vocab_size).float(), "one_hot(6 ids, 50257)", "torch's one_hot")
+    close(probe.call(embeddings.embedding_lookup, table, ids, label="embedding_lookup(wte, ids of a window)"),
+          F.embedding(ids, table), "embedding_lookup(wte, ids of a window)", "torch's embedding")
+    emb = probe.call(embeddings.Embeddings, c.vocab_size, c.n_positions, c.n_embd)
+    probe.call(emb.load_state_dict, {"wte.weight": table, "wpe.weight": o.hf.transformer.wpe.weight.detach()},
+               label="Embeddings.load_state_dict(the model's wte and wpe)")
+    close(probe.call(emb, ids, label="Embeddings(ids of a full window)"), o.run.hidden[0],
+          "your embeddings of a full window", "Hugging Face's")
+    with torch.no_grad():  # the same 8 tokens at positions 40 .. 47, as the KV cache of chapter 7 asks
+        want = o.hf(ids[:, :8], position_ids=torch.arange(40, 48)[None], output_hidden_states=True).hidden_states[0]
+    close(probe.call(emb, ids[:, :8], offset=40, label="Embeddings(8 ids, offset=40)"), want,
+          "your embeddings at offset 40", "Hugging Face's at positions 40 to 47")
+    return "one_hot, embedding_lookup and the token and position vectors of a full window equal torch's and " \
+           "Hugging Face's"
+
+
+def check_attention(probe: Probe, o: Oracle) -> str:
+    attention, c = probe.module("attention"), o.config
+    for t_q, t_k in [(5, 5), (2, 6)]:  # query i sits at position t_k - t_q + i and may read keys 0 .. that
+        want = torch.tensor([[j <= t_k - t_q + i for j in range(t_k)] for i in range(t_q)])
+        got = probe.call(attention.causal_mask, t_q, t_k)
+        if not (isinstance(got, torch.Tensor) and got.dtype == torch.bool and torch.equal(got, want)):
+            differs(f"causal_mask({t_q}, {t_k}) gives {_mask_rows(got)}, expected {_mask_rows(want)} "
+                    "(True where a query may read a key)")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, generator=g) * 30
+    x[:, -2:] = float("-inf")  # masked entries get weight 0
+    close(probe.call(attention.softmax, x, -1, label="softmax(scores with -inf, dim=-1)"), torch.softmax(x, -1),
+          "softmax(scores with -inf)", "torch.softmax", atol=1e-6)
+    q, k, v = torch.randn(3, 1, 2, 6, 8, generator=g).unbind(0)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    got = probe.call(attention.attention, q, k, v, mask, label="attention(q, k, v, causal mask)")
+    if not (isinstance(got, tuple) and len(got) == 2):
+        differs(f"attention(q, k, v, mask) returned a {type(got).__name__}, expected (output, weights)")
+    close(got[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "attention(q, k, v, causal mask)",
+          "PyTorch's scaled_dot_product_attention", atol=1e-5)
+    attn = probe.call(attention.CausalSelfAttention, c.n_embd, c.n_head)
+    hf = o.hf.transformer.h[0].attn  # Hugging Face's Conv1D layers store weights as (in, out): transpose them
+    probe.call(attn.load_state_dict, {"c_attn.weight": hf.c_attn.weight.t(), "c_attn.bias": hf.c_attn.bias,
+                                      "c_proj.weight": hf.c_proj.weight.t(), "c_proj.bias": hf.c_proj.bias},
+               label="CausalSelfAttention.load_state_dict(block 0's weights)")
+    with torch.no_grad():
+        got = probe.call(attn, o.run.attn_in, label="CausalSelfAttention(block 0's input over a full window)")
+    want = o.run.attn_out
+    try:
+        close(got, want, "your CausalSelfAttention on block 0 of the course's model", "Hugging Face's")
+    except Verdict as verdict:
+        last_agrees = isinstance(got, torch.Tensor) and got.shape == want.shape and \
+            torch.allclose(got[:, -1].float(), want[:, -1], atol=ATOL)
+        raise Verdict(DIFFERS, str(verdict) + ("; the last position agrees, so earlier positions read later ones: "
+                                               "is the causal mask applied?" if last_agrees else "")) from None
+    return "causal_mask, softmax, attention and the multi-head CausalSelfAttention of the model's block 0 equal " \
+           "PyTorch's and Hugging Face's"
+
+
+def _mask_rows(mask) -> str:
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return show(mask)
+    return "[" + ", ".join("".join("1" if x else "0" for x in row.tolist()) for row in mask) + "]"
+
+
+def check_transformer(probe: Probe, o: Oracle) -> str:
+    transformer, c, run = probe.module("transformer"), o.config, o.run
+    model = probe.call(transformer.GPT.from_pretrained, o.folder, label="GPT.from_pretrained(the course's model)")
+    ln = o.hf.transformer.h[0].ln_1
+    close(probe.call(model.h[0].ln_1, run.hidden[0], label="LayerNorm (block 0's ln_1)"),
+          F.layer_norm(run.hidden[0], (c.n_embd,), ln.weight, ln.bias, c.layer_norm_epsilon),
+          "your LayerNorm (block 0's ln_1)", "torch's layer_norm")
+    z = torch.linspace(-6, 6, 101)
+    close(probe.call(transformer.gelu, z, label="gelu(-6 .. 6)"), F.gelu(z, approximate="tanh"),
+          "gelu(-6 .. 6)", "torch's gelu(approximate='tanh')", atol=1e-6)
+    for i in range(c.n_layer - 1):  # Hugging Face's last hidden state has ln_f applied: the logits check that one
+        close(probe.call(model.h[i], run.hidden[i], label=f"Block {i}"), run.hidden[i + 1],
+              f"block {i} of your GPT", f"Hugging Face's block {i}")
+    close(probe.call(model, torch.tensor([o.window]), label="GPT(ids of a full window)"), run.logits,
+          "your GPT's logits over a full window", "Hugging Face's GPT2LMHeadModel")
+    batch = torch.tensor([o.window[:32], o.window[100:132]])
+    with torch.no_grad():
+        want = o.hf(batch).logits
+    close(probe.call(model, batch, label="GPT(a batch of 2 rows)"), want, "your GPT's logits for a batch of 2",
+          "Hugging Face's")
+    return f"LayerNorm, gelu, the blocks and the logits of a full window and of a batch equal torch's and Hugging " \
+           f"Face's GPT2LMHeadModel to {ATOL:g}"
+
+
+def check_generation(probe: Probe, o: Oracle) -> str:
+    generation, model = probe.module("generation"), HFModel(o.hf)
+    prompt, n = o.window[:PROMPT_TOKENS], NEW_TOKENS
+    call = f"generate(model, tiktoken, prompt, {n})"
+    want = hf_generate(o, prompt, n, do_sample=False)
+    got = probe.call(generation.generate, model, o.enc, prompt, n, label=call)
+    same_ids(got.ids, want, call, "Hugging Face's greedy generate", o)
+    text = o.enc.decode([t for t in want if t != o.enc.eot_token])
+    if got.text != text:
+        differs(f"{call}.text is {show(got.text)}; the ids decode to {show(text)}")
+    stop = text[len(text) // 2:len(text) // 2 + 3]  # from the middle of the text: it may also occur earlier
+    call = f"generate(model, tiktoken, prompt, {n}, stop={stop!r})"
+    cut = probe.call(generation.generate, model, o.enc, prompt, n, stop=stop, label=call)
+    if stop and (cut.text, cut.finish_reason) != (text[:text.find(stop)], "stop"):
+        differs(f"{call} gives text {show(cut.text)} and finish_reason {cut.finish_reason!r}; expected "
+                f"{show(text[:text.find(stop)])} and 'stop'")
+    ids, block = o.text, o.config.n_positions  # 8 tokens more than the window holds
+    call = f"last_logits(model, {len(ids)} ids)"
+    close(probe.call(generation.last_logits, model, ids, label=call), o.hf(torch.tensor([ids[-block:]])).logits[0, -1],
+          call, f"Hugging Face's logits after the last {block}")
+    prompt = o.window[:block - 2]  # 2 tokens fill the window, the next ones slide it
+    call = f"token_stream(model, a prompt of block_size - 2 tokens, {SLIDE_TOKENS})"
+    got = probe.call(lambda: list(generation.token_stream(model, prompt, SLIDE_TOKENS)), label=call)
+    same_ids(got, drive(HFModel(o.hf, last_only=True), prompt, SLIDE_TOKENS), call,
+             "Hugging Face's model on the last block_size tokens", o)
+    return "greedy ids and text equal Hugging Face's generate, a stop string cuts the text, and the window " \
+           "slides past block_size"
+
+
+def check_samplers(probe: Probe, o: Oracle) -> str:
+    from transformers import (MinPLogitsWarper, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+                              TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+    samplers = probe.module("samplers")
+    ids = torch.tensor([o.window[:64], o.window[64:128]])  # two rows of real text, with repeated pairs
+    with torch.no_grad():
+        logits = o.hf(ids).logits[:, -1]  # (2, V)
+    cases = [("apply_temperature", (0.7,), TemperatureLogitsWarper(0.7)),
+             ("top_k_filter", (40,), TopKLogitsWarper(40)),
+             ("top_p_filter", (0.9,), TopPLogitsWarper(0.9)),
+             ("min_p_filter", (0.05,), MinPLogitsWarper(0.05)),
+             ("apply_repetition_penalty", (ids, 1.3), RepetitionPenaltyLogitsProcessor(1.3)),
+             ("ban_repeated_ngrams", (ids, 2), NoRepeatNGramLogitsProcessor(2))]
+    for name, args, processor in cases:
+        label = f"{name}(logits, {', '.join('ids' if isinstance(a, torch.Tensor) else repr(a) for a in args)})"
+        got = probe.call(getattr(samplers, name), logits.clone(), *args, label=label)
+        _same_filtered(got, processor(ids, logits.clone()), label, f"Hugging Face's {type(processor).__name__}")
+    settings = dict(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.2)
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items())
+    choose = probe.call(samplers.Sampler, do_sample=True, seed=0, **settings)
+    call = f"Sampler(do_sample=True, {shown}, seed=0) choosing {NEW_TOKENS} tokens"
+    got = probe.call(drive, HFModel(o.hf, last_only=True), o.window[:PROMPT_TOKENS], NEW_TOKENS, choose,
+                     o.enc.eot_token, label=call)
+    want = hf_generate(o, o.window[:PROMPT_TOKENS], NEW_TOKENS, 0, do_sample=True, **settings)
+    try:
+        same_ids(got, want, call, "Hugging Face's generate after torch.manual_seed(0)", o)
+    except Verdict as verdict:
+        raise Verdict(DIFFERS, f"{verdict}; the filters match, so look at sample_from_logits") from None
+    return "temperature, top-k, top-p, min-p, the repetition penalty and n-gram bans equal Hugging Face's logits " \
+           "processors, and seeded sampling draws the tokens generate draws"
+
+
+def _same_filtered(got, want: torch.Tensor, what: str, oracle_name: str) -> None:
+    """Logits after a filter: the same tokens removed (-inf), the others equal."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        for row, (g, w) in enumerate(zip(got.detach().float(), want)):
+            kept_got, kept_want = ~torch.isneginf(g), ~torch.isneginf(w)
+            if not torch.equal(kept_got, kept_want):
+                extra = (kept_got & ~kept_want).nonzero().flatten().tolist()
+                more = f", such as token {extra[0]}, which it removes" if extra else ""
+                differs(f"{what} keeps {int(kept_got.sum())} tokens of row {row}; {oracle_name} keeps "
+                        f"{int(kept_want.sum())}{more}")
+        got = got.masked_fill(torch.isneginf(want), 0.0)
+        want = want.masked_fill(torch.isneginf(want), 0.0)
+    close(got, want, what, oracle_name)
+
+
+def check_beam_search(probe: Probe, o: Oracle) -> str:
+    samplers, prompt = probe.module("samplers"), o.window[:PROMPT_TOKENS]
+    ends = [o.enc.eot_token, o.enc.encode("\n")[0]]  # a line break ends a hypothesis too: some end early
+    call = f"beam_search(model, prompt, {NEW_TOKENS}, num_beams=3, length_penalty=1.0, eos_ids=[eot, newline])"
+    want = hf_generate(o, prompt, NEW_TOKENS, do_sample=False, num_beams=3, length_penalty=1.0, eos_token_id=ends)
+    got = probe.call(samplers.beam_search, HFModel(o.hf), prompt, NEW_TOKENS, 3, 1.0, ends, label=call)
+    same_ids(got, _until_end(want, set(ends)), call, "Hugging Face's generate(num_beams=3)", o)
+    return "the best of 3 beams equals Hugging Face's beam search, with hypotheses that end early"
+
+
+def check_kv_cache(probe: Probe, o: Oracle) -> str:
+    kv_cache, c, run = probe.module("kv_cache"), o.config, o.run
+    model = probe.call(probe.module("transformer").GPT.from_pretrained, o.folder,
+                       label="GPT.from_pretrained(the course's model)")
+    idx, prefill = torch.tensor([o.window[:40]]), 37
+    cache = probe.call(kv_cache.KVCache, c.n_layer)
+    close(probe.call(kv_cache.forward_with_cache, model, idx[:, :prefill], cache,
+                     label=f"forward_with_cache(model, {prefill} tokens, an empty cache)"),
+          run.logits[:, :prefill], "the prefill's logits", "Hugging Face's")
+    for layer in range(c.n_layer):
+        hf_layer = run.cache.layers[layer]
+        close(cache.keys[layer], hf_layer.keys[:, :, :prefill], f"KVCache.keys[{layer}] after the prefill",
+              "Hugging Face's cache")
+        close(cache.values[layer], hf_layer.values[:, :, :prefill], f"KVCache.values[{layer}] after the prefill",
+              "Hugging Face's cache")
+    for step, t in enumerate(range(prefill, 40), start=1):
+        got = probe.call(kv_cache.forward_with_cache, model, idx[:, t:t + 1], cache,
+                         label=f"forward_with_cache(model, 1 token, the cache) at decode step {step}")
+        close(got, run.logits[:, t:t + 1], f"the logits of decode step {step} (position {t})", "Hugging Face's")
+    for prompt, n, where in [(o.window[:PROMPT_TOKENS], NEW_TOKENS, ""),
+                             (o.window[:c.n_positions - 2], SLIDE_TOKENS, " past the window")]:
+        cached = probe.call(drive, probe.call(kv_cache.CachedModel, model), prompt, n, None, o.enc.eot_token,
+                            label=f"greedy generation{where} through CachedModel")
+        same_ids(cached, drive(model, prompt, n, None, o.enc.eot_token), f"cached generation{where}",
+                 "uncached generation of the same model", o)
+        if not where:
+            same_ids(cached, hf_generate(o, prompt, n, do_sample=False), "cached generation",
+                     "Hugging Face's generate with its own cache", o)
+    held = sum(layer.keys.nbytes + layer.values.nbytes for layer in run.cache.layers)
+    got = probe.call(kv_cache.kv_cache_bytes, model.config, len(o.window))
+    if got != held:
+        differs(f"kv_cache_bytes(config, {len(o.window)}) is {got}; Hugging Face's cache of {len(o.window)} "
+                f"tokens holds {held} bytes")
+    return "the prefill fills Hugging Face's keys and values, decode steps give its logits, CachedModel generates " \
+           "what the model does without it (past the window too), and kv_cache_bytes is what the cache holds"
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    name: str
+    chapter: str  # the notebook to reopen
+    check: Callable[[Probe, Oracle], str]
+    needs: tuple[str, ...] = ()  # earlier pieces this one is built from
+
+
+PIECES = [
+    Piece("tokenizer", "01-tokens", check_tokenizer),
+    Piece("embeddings", "02-embeddings", check_embeddings),
+    Piece("attention", "03-attention", check_attention),
+    Piece("transformer", "04-transformer", check_transformer, needs=("embeddings", "attention")),
+    Piece("generation loop", "05-generation", check_generation),
+    Piece("samplers", "06-samplers", check_samplers),
+    Piece("beam search", "06-samplers", check_beam_search, needs=("generation loop",)),  # it calls last_logits
+    Piece("kv-cache", "07-kv-cache", check_kv_cache, needs=("transformer",)),
+]
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+@dataclasses.dataclass
+class PieceResult:
+    piece: str
+    chapter: str
+    status: str  # matches | differs | not written yet | crashed | waits
+    message: str  # one line, in the notebook's words
+    seconds: float = 0.0
+    waits_for: tuple[str, ...] = ()  # for "waits": the pieces to fix first
+
+
+@_one_thread
+def compare(package: ModuleType, model_dir: str | Path | None = None,
+            pieces: list[str] | None = None) -> "Report":
+    """Check each piece of ``package`` against its oracle on the GPT-2 folder ``model_dir`` (the course's model
+    by default). ``pieces`` names the pieces to check (all by default); the pieces they need are checked too."""
+    o = oracle(model_dir)
+    wanted = _with_needs(pieces)
+    results: dict[str, PieceResult] = {}
+    for piece in PIECES:
+        if piece.name not in wanted:
+            continue
+        blockers = [root for need in piece.needs for root in
+                    (results[need].waits_for if results[need].status == WAITS else
+                     () if results[need].status == MATCHES else (need,))]
+        if blockers:
+            blockers = tuple(dict.fromkeys(blockers))
+            results[piece.name] = PieceResult(piece.name, piece.chapter, WAITS, f"waits for: {', '.join(blockers)}",
+                                              waits_for=blockers)
+            continue
+        probe, start = Probe(package), time.perf_counter()
+        try:
+            # Your random state is yours: loading a GPT draws its initial weights before the real ones arrive.
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                status, message = MATCHES, piece.check(probe, o)
+        except Exception as err:  # noqa: BLE001 (whatever your code raises is part of the report)
+            status, message = probe.verdict(err)
+        results[piece.name] = PieceResult(piece.name, piece.chapter, status, message, time.perf_counter() - start)
+    return Report(results.values())
+
+
+def _with_needs(names: list[str] | None) -> set[str]:
+    by_name = {p.name: p for p in PIECES}
+    if names is None:
+        return set(by_name)
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        raise ValueError(f"no piece named {', '.join(map(repr, unknown))}; the pieces are {', '.join(by_name)}")
+    wanted, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo.extend(by_name[name].needs)
+    return wanted
+
+
+_STYLE = {MATCHES: ("✓", "#1a7f37"), DIFFERS: ("✗", "#cf222e"), CRASHED: ("!", "#cf222e"),
+          NOT_WRITTEN: ("○", "#6e7781"), WAITS: ("…", "#9a6700")}
+
+
+class Report(list):
+    """compare's results, one PieceResult per piece in course order; a notebook shows it as a table."""
+
+    @property
+    def status(self) -> dict[str, str]:
+        return {r.piece: r.status for r in self}
+
+    def result(self, piece: str) -> PieceResult:
+        found = [r for r in self if r.piece == piece]
+        if not found:
+            raise KeyError(f"no piece {piece!r} in this report (it has {', '.join(r.piece for r in self)})")
+        return found[0]
+
+    def next_steps(self) -> str:
+        """What to do about each piece that does not match yet, chapter by chapter."""
+        lines = []
+        for r in self:
+            notebook = f"{r.chapter}/{r.chapter}.ipynb"
+            if r.status == WAITS:
+                verb = "matches" if len(r.waits_for) == 1 else "match"
+                line = f"{r.piece}: checked once {' and '.join(r.waits_for)} {verb}."
+            elif r.status == NOT_WRITTEN:
+                line = f"{r.piece}: finish {notebook} ({r.message})."
+            elif r.status != MATCHES:
+                line = f"{r.piece} {r.status} (reopen {notebook} and run its test cells): {r.message}"
+            else:
+                continue
+            lines.append(textwrap.fill(line, 76, initial_indent="- ", subsequent_indent="  "))
+        if not lines:
+            return ("Every piece matches: your package is GPT-2, from text to tokens to text, and it writes what "
+                    "Hugging Face writes, token for token.")
+        return ("Save each notebook you change, then run this notebook again from the top.\n" + "\n".join(lines))
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for r in self:
+            mark, colour = _STYLE[r.status]
+            rows.append(f"<tr><td>{html.escape(r.piece)}</td><td>{r.chapter}</td>"
+                        f"<td style='color:{colour};white-space:nowrap'><b>{mark}</b> {r.status}</td>"
+                        f"<td style='text-align:left'>{html.escape(r.message)}</td></tr>")
+        head = "".join(f"<th style='text-align:left'>{h}</th>"
+                       for h in ["piece", "chapter", "status", "what the check found"])
+        return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+_WORST_FIRST = [CRASHED, DIFFERS, NOT_WRITTEN, WAITS, MATCHES]
+_FILL = {MATCHES: "#d7f5d0", DIFFERS: "#ffd7d5", CRASHED: "#ffd7d5", NOT_WRITTEN: "#eaeef2", WAITS: "#fff1c2",
+         None: "#ddf4ff"}
+
+
+def draw_pipeline(report: Report | None = None, prompt: str = PROMPT, model_dir: str | Path | None = None):
+    """The pieces as one token goes through them, with the shapes of the course's model for ``prompt``; each
+    box coloured by the report's status of its pieces (a box of several pieces takes the worst). A Figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    o = oracle(model_dir)
+    c, ids = o.config, o.enc.encode(prompt, allowed_special="all")
+    with torch.no_grad():
+        next_id = int(o.hf(torch.tensor([ids])).logits[0, -1].argmax())
+    status = report.status if report is not None else {}
+
+    def fill(*pieces):
+        found = [status[p] for p in pieces if p in status]
+        return _FILL[min(found, key=_WORST_FIRST.index) if found else None]
+
+    fig, ax = plt.subplots(figsize=(10, 3.0))
+    ax.set(xlim=(0, 11), ylim=(0.1, 3.2))
+    ax.axis("off")
+    arrow, y = dict(arrowstyle="->", color="#555"), 2.4  # the boxes' middle line
+    boxes = [(1.9, "tokenizer\nch. 1", ("tokenizer",)), (3.8, "embeddings\nch. 2", ("embeddings",)),
+             (5.8, f"{c.n_layer} blocks:\nattention ch. 3\n+ MLP ch. 4", ("attention", "transformer")),
+             (7.8, "ln_f, lm_head\nch. 4", ("transformer",)), (9.7, "sampler\nch. 6", ("samplers", "beam search"))]
+    for x, label, pieces in boxes:
+        ax.add_patch(FancyBboxPatch((x - 0.65, y - 0.45), 1.3, 0.9, boxstyle="round,pad=0.05", fc=fill(*pieces),
+                                    ec="#555"))
+        ax.text(x, y, label, ha="center", va="center", fontsize=8.5)
+    shapes = [f"{len(ids)} ids", f"(1, {len(ids)}, {c.n_embd})", f"(1, {len(ids)}, {c.n_embd})",
+              f"logits\n(1, {len(ids)}, {c.vocab_size:,})"]
+    for (x0, *_), (x1, *_), shape in zip(boxes, boxes[1:], shapes):
+        ax.annotate("", (x1 - 0.72, y), (x0 + 0.72, y), arrowprops=arrow)
+        ax.text((x0 + x1) / 2, y + 0.55, shape, ha="center", va="bottom", fontsize=7.5, color="#333")
+    ax.text(0.6, y + 0.55, "text", ha="center", va="bottom", fontsize=7.5, color="#333")
+    ax.text(0.6, y, f"{prompt!r}"[1:-1], ha="center", va="center", fontsize=8.5, family="monospace")
+    ax.annotate("", (1.18, y), (1.02, y), arrowprops=arrow)
+    ax.text(9.8, 1.15, f"next token\n{o.piece(next_id)!r}", ha="left", va="center", fontsize=7.5, color="#333")
+    # The cache sits beside the blocks; the loop takes the chosen token back to the embeddings.
+    ax.add_patch(FancyBboxPatch((4.4, 0.8), 2.8, 0.6, boxstyle="round,pad=0.05", fc=fill("kv-cache"), ec="#555"))
+    ax.text(5.8, 1.1, f"KV cache, ch. 7: {c.n_layer} layers of keys and\nof values, each (1, {c.n_head}, T, "
+            f"{c.n_embd // c.n_head})", ha="center", va="center", fontsize=7.5)
+    ax.annotate("", (5.8, 1.47), (5.8, y - 0.52), arrowprops=dict(arrowstyle="<->", color="#555"))
+    ax.plot([9.7, 9.7, 3.8], [y - 0.52, 0.3, 0.3], color="#555", lw=1)
+    ax.annotate("", (3.8, y - 0.52), (3.8, 0.3), arrowprops=arrow)
+    ax.text(8.35, 0.3, "generation loop, ch. 5: append the token, run again", ha="center", va="center",
+            fontsize=7.5, bbox=dict(boxstyle="round,pad=0.3", fc=fill("generation loop"), ec="#555"))
+    plt.close(fig)  # shown once, as the value of the cell, not again by the inline backend
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- side by side
+
+@dataclasses.dataclass
+class Column:
+    name: str
+    ids: list[int] | None  # the new tokens; None when this column could not write
+    text: str  # what it wrote, or why it could not
+
+
+@dataclasses.dataclass
+class SideBySide:
+    prompt: str
+    seed: int
+    settings: dict
+    columns: list[Column]  # the last one is Hugging Face's, which the others are compared with
+    piece: Callable[[int], str] = dataclasses.field(repr=False)
+
+    def agreement(self, name: str) -> int | None:
+        """How many tokens of column ``name``, from the first, equal Hugging Face's; None if it wrote nothing."""
+        col, hf = next(c for c in self.columns if c.name == name), self.columns[-1].ids
+        if col.ids is None or hf is None:
+            return None
+        return next((i for i, (a, b) in enumerate(zip(col.ids, hf)) if a != b), min(len(col.ids), len(hf)))
+
+    def _repr_html_(self) -> str:
+        hf = self.columns[-1]
+        cells, notes = [], []
+        for col in self.columns:
+            prompt = f"<span style='color:#6e7781'>{_visible(self.prompt)}</span>"
+            if col.ids is None:
+                cells.append(f"<em style='color:#6e7781'>{html.escape(col.text)}</em>")
+                notes.append("")
+                continue
+            agree = self.agreement(col.name)
+            cells.append(prompt + "".join(
+                f"<span title='id {t}'{_DEPARTED if i >= agree else ''}>{_visible(self.piece(t))}</span>"
+                for i, t in enumerate(col.ids)))
+            notes.append("the oracle" if col is hf else
+                         f"all {len(col.ids)} tokens as Hugging Face's" if col.ids == hf.ids else
+                         f"departs from Hugging Face at token {agree}")
+        settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+        cell = "<td style='vertical-align:top;text-align:left;font-family:monospace;font-size:85%;width:33%'>"
+        return (f"<table style='width:100%'><tr>{''.join(f'<th>{html.escape(c.name)}</th>' for c in self.columns)}</tr>"
+                f"<tr>{''.join(cell + c + '</td>' for c in cells)}</tr>"
+                f"<tr>{''.join(f'<td><em>{n}</em></td>' for n in notes)}</tr></table>"
+                f"<p style='font-size:85%'>seed {self.seed}, {settings}; tokens on red depart from Hugging Face's.</p>")
+
+
+_DEPARTED = " style='background:#ffd7d5'"
+
+
+def _visible(text: str) -> str:
+    return html.escape(text).replace("\n", "↵<br>")
+
+
+@_one_thread
+def generate_side_by_side(package: ModuleType, prompt: str = PROMPT, max_new_tokens: int = 40, seed: int = 0,
+                          model_dir: str | Path | None = None, name: str = "your package", **settings) -> SideBySide:
+    """Sample a continuation of ``prompt`` with one seed three times: with all of ``package`` (its tokenizer, its
+    GPT with the course's weights behind its CachedModel, its samplers and loop), with the course's reference
+    package where it is installed, and with Hugging Face's generate. ``settings`` default to SAMPLING; ``name``
+    heads the package's column."""
+    settings = {**SAMPLING, **settings}
+    o = oracle(model_dir)
+    reference, why = reference_package()
+    columns = [_package_column(name, package, o, prompt, max_new_tokens, seed, settings),
+               _package_column("the course's reference", reference, o, prompt, max_new_tokens, seed, settings)
+               if reference else Column("the course's reference", None, why)]
+    ids = hf_generate(o, o.enc.encode(prompt, allowed_special="all"), max_new_tokens, seed, do_sample=True, **settings)
+    columns.append(Column("Hugging Face", ids, o.enc.decode([t for t in ids if t != o.enc.eot_token])))
+    return SideBySide(prompt, seed, settings, columns, o.piece)
+
+
+def _package_column(name: str, package: ModuleType, o: Oracle, prompt: str, n: int, seed: int,
+                    settings: dict) -> Column:
+    probe = Probe(package)
+    try:
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = probe.call(probe.module("tokens").gpt2_tokenizer)
+            gpt = probe.call(probe.module("transformer").GPT.from_pretrained, o.folder,
+                             label="GPT.from_pretrained(the course's model)")
+            model = probe.call(probe.module("kv_cache").CachedModel, gpt)
+            out = probe.call(probe.module("samplers").generate, model, tokenizer, prompt, n, do_sample=True, seed=seed,
+                             **settings, label=f"generate(CachedModel(GPT), tokenizer, {prompt!r}, {n}, ...)")
+        return Column(name, list(out.ids), out.text)
+    except Exception as err:  # noqa: BLE001 (a piece that does not work yet is shown, not raised)
+        status, message = probe.verdict(err)
+        return Column(name, None, message if status == NOT_WRITTEN else f"{status}: {message}")
