@@ -108,3 +108,13 @@ def test_learner_notebooks_export_to_a_package_of_stubs(tmp_path):
     finally:
         for name in [n for n in sys.modules if n == "my_minigpt" or n.startswith("my_minigpt.")]:
             del sys.modules[name]
+
+
+def test_learner_notebooks_never_overwrite_the_reference_package(tmp_path):
+    from coursekit.export import write_package
+
+    before = {p.name: p.read_text() for p in (ROOT / "src" / "minigpt").glob("*.py")}
+    with pytest.raises(ValueError, match="reference package.* export your notebooks into another folder"):
+        write_package(ROOT / "notebooks", ROOT / "src" / "minigpt")
+    assert {p.name: p.read_text() for p in (ROOT / "src" / "minigpt").glob("*.py")} == before
+    assert write_package(ROOT / "notebooks", tmp_path / "my_minigpt")  # anywhere else is fine

@@ -119,8 +119,21 @@ def drift(source_dir: Path, package_dir: Path) -> list[str]:
     return out
 
 
+def check_not_reference(source_dir: Path, package_dir: Path) -> None:
+    """Refuse to overwrite a course's reference package (``<root>/src/minigpt`` beside ``<root>/solutions``) with
+    anything but the export of those solutions: a learner exporting into it would replace the reference."""
+    package = Path(package_dir).resolve()
+    root = package.parent.parent
+    if (root / "solutions").is_dir() and package == (root / "src" / "minigpt").resolve() \
+            and Path(source_dir).resolve() != (root / "solutions").resolve():
+        raise ValueError(
+            f"{package_dir} is this course's reference package, exported from {root / 'solutions'}: export your "
+            f"notebooks into another folder, e.g. minigpt-export {source_dir} my_minigpt")
+
+
 def write_package(source_dir: Path, package_dir: Path) -> list[Path]:
     """Export ``source_dir`` into ``package_dir``, removing modules that no notebook exports any more."""
+    check_not_reference(source_dir, package_dir)
     files = build_package(source_dir)
     package_dir = Path(package_dir)
     package_dir.mkdir(parents=True, exist_ok=True)
