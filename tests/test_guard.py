@@ -1,5 +1,4 @@
 """The grading kernel's guard: a notebook may import the reference of earlier chapters, not its own."""
-import sys
 
 import jupyter_client
 import pytest

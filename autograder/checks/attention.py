@@ -10,29 +10,14 @@ the message names the first thing that is wrong and, for the known mistakes, wha
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, expect_raises, fail
+from coursekit.testing import call, expect_raises, fail, one_thread
 
 ATOL = 1e-5
-
-
-def _one_thread(check):
-    """Run a check on one thread: its tensors are tiny, and on a busy grader two threads fight over them
-    (four times slower). The learner's setting is restored afterwards."""
-    @functools.wraps(check)
-    def run(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return run
 
 
 def _call(label: str, fn, *args, **kwargs):
@@ -102,7 +87,7 @@ def _mask_label(t_q, t_k) -> str:
     return f"causal_mask({t_q})" if t_k is None else f"causal_mask({t_q}, {t_k})"
 
 
-@_one_thread
+@one_thread
 def check_causal_mask(causal_mask):
     for t_q, t_k_arg in MASK_CASES:
         t_k = t_q if t_k_arg is None else t_k_arg
@@ -204,7 +189,7 @@ def _without_torch_softmax():
         torch.softmax, F.softmax, torch.Tensor.softmax = saved
 
 
-@_one_thread
+@one_thread
 def check_softmax(softmax):
     for x, dim in _softmax_cases():
         d = -1 if dim is None else dim
@@ -327,7 +312,7 @@ def _attention_label(q, k, v, mask, what) -> str:
     return f"attention({shapes}, mask={'None' if mask is None else tuple(mask.shape)}) [{what}]"
 
 
-@_one_thread
+@one_thread
 def check_attention(attention):
     for q, k, v, mask, what in _attention_cases():
         label = _attention_label(q, k, v, mask, what)
@@ -437,7 +422,7 @@ def _oracle_layer(layer, x, n_head):
     return y.transpose(0, 1)
 
 
-@_one_thread
+@one_thread
 def check_causal_self_attention(CausalSelfAttention):
     for n, (C, H, B, T) in enumerate(LAYER_CASES):
         layer = _layer(CausalSelfAttention, C, H, seed=70 + n)

@@ -16,36 +16,20 @@ decoding the whole text at each step and diffing, or another way to compute ``he
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import re
 import tempfile
-import warnings
 
 import torch
 
 import coursekit
-from coursekit.testing import call, fail, show
+from coursekit.testing import call, fail, one_thread, quiet_transformers, show
 from minigpt.transformer import GPT, GPTConfig
 
 CHAPTER = "chapter 5 (the generation loop)"
 ATOL = 1e-4
 END = "<|endoftext|>"
-
-
-def _one_thread(check):
-    """Run a check on one CPU thread: the models here are tiny, and threads only wait on each other (on a busy
-    2-core machine, ten times slower)."""
-    @functools.wraps(check)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapper
 
 
 def _run(label: str, fn, *args, hint: str = "", **kwargs):
@@ -94,7 +78,7 @@ def _models(name: str):
     with torch.random.fork_rng():  # the learner's random state is theirs
         torch.manual_seed(s.seed)
         hf = GPT2LMHeadModel(config).eval()
-    with tempfile.TemporaryDirectory() as folder, _quiet():
+    with tempfile.TemporaryDirectory() as folder, quiet_transformers():
         hf.save_pretrained(folder)
         ours = GPT.from_pretrained(folder)
     return hf, ours
@@ -110,29 +94,11 @@ def _hf_logits(hf, window: list[int], pos: int = -1) -> torch.Tensor:
         return hf(torch.tensor([window])).logits[0, pos]
 
 
-@contextlib.contextmanager
-def _quiet():
-    """No logs, warnings or progress bars from transformers in the learner's notebook."""
-    from transformers.utils import logging
-
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-
-
 def hf_generate(hf, prompt: list[int], n: int, eos_ids=()) -> list[int]:
     """Hugging Face's greedy generate: the new ids (the end-of-text id included, and nothing after it)."""
     if n == 0:
         return []  # generate refuses max_new_tokens=0
-    with _quiet():
+    with quiet_transformers():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                           max_new_tokens=n, do_sample=False, num_beams=1, eos_token_id=sorted(eos_ids) or None,
                           pad_token_id=0)
@@ -188,7 +154,7 @@ WINDOW_MISTAKES = [
 ]
 
 
-@_one_thread
+@one_thread
 def check_last_logits(last_logits):
     for shape, length in LAST_LOGITS_CASES:
         hf, model = _models(shape)
@@ -305,7 +271,7 @@ def _loop_case(case: LoopCase):
     return hf, model, prompt, eos, choose, want
 
 
-@_one_thread
+@one_thread
 def check_token_stream(token_stream):
     for case in LOOP_CASES:
         hf, model, prompt, eos, choose, want = _loop_case(case)
@@ -460,7 +426,7 @@ HELD_BACK_MISTAKES = [
 ]
 
 
-@_one_thread
+@one_thread
 def check_stop_strings(find_stop, held_back):
     for text, stops in FIND_STOP_CASES:
         got = call(find_stop, text, stops, name="find_stop")
@@ -580,7 +546,7 @@ def expected_stream(script: list[int], stops: list[str], eos_ids: set[int], max_
     return Expected(ids, enc.decode(ids), "length")
 
 
-@_one_thread
+@one_thread
 def check_text_stream(TextStream):
     enc = _encoding()
     eos_default = {enc.encode(END, allowed_special="all")[0]}
@@ -608,7 +574,6 @@ def check_text_stream(TextStream):
 
 
 def _check_stream(label, case, stream, pieces, want: Expected, script, stops):
-    enc = _encoding()
     if not all(isinstance(p, str) for p in pieces):
         bad = next(p for p in pieces if not isinstance(p, str))
         fail(f"{label} yielded {show(bad)} ({type(bad).__name__}); yield pieces of text (str)")

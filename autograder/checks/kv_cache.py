@@ -32,7 +32,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import fail, show
+from coursekit.testing import fail, one_thread, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
@@ -44,20 +44,6 @@ FIX_ATTENTION = "fix attention_with_cache first (test_attention_with_cache)"
 FIX_FORWARD = "fix forward_with_cache first (test_forward_with_cache)"
 BUILT_ON = ("CachedModel runs on your forward_with_cache, attention_with_cache and KVCache: if one of their tests "
             "fails, fix that first")
-
-
-def _one_thread(check):
-    """Run a check on one CPU thread: the models here are tiny, and threads only wait on each other."""
-    @functools.wraps(check)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            with torch.random.fork_rng(devices=[]):  # the learner's random state is theirs
-                return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapper
 
 
 def _not_written(label: str, err: NotImplementedError) -> str:
@@ -292,7 +278,7 @@ def _append_hint(k, v, k_new, v_new, old_k, old_v, want_k, want_v) -> str:
     return "append stores the layer's old and new positions, along dim 2, and returns them all"
 
 
-@_one_thread
+@one_thread
 def check_kv_cache(KVCache):
     problem = _kv_cache_problem(KVCache)
     if problem:
@@ -373,7 +359,7 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
     return outs, None, ""
 
 
-@_one_thread
+@one_thread
 def check_attention_with_cache(attention_with_cache, KVCache):
     for case, (n_embd, n_head, B, chunks) in enumerate(ATTENTION_CASES):
         attn, xs, want = _attention_chunks(n_embd, n_head, B, chunks, seed=710 + case)
@@ -440,7 +426,7 @@ FORWARD_MISTAKES = [
 ]
 
 
-@_one_thread
+@one_thread
 def check_forward_with_cache(forward_with_cache, KVCache):
     for shape, B, chunks in FORWARD_CASES:
         model = _models(shape)
@@ -702,7 +688,7 @@ def _first_difference(got, want, prompt_len, block) -> str:
     return f"the tokens differ from step {k + 1} on"
 
 
-@_one_thread
+@one_thread
 def check_cached_model(CachedModel):
     for shape, prompt_len in (("a", 5), ("b", 3)):
         model = _models(shape)
@@ -754,7 +740,7 @@ def _bytes_mistakes(c, tokens, b):
     ]
 
 
-@_one_thread
+@one_thread
 def check_kv_cache_bytes(kv_cache_bytes):
     cases = [(c, t, b, _measured_bytes(c, t, dtype), " (what a cache of those positions holds)")
              for c, t, b, dtype in BYTES_CASES]

@@ -24,7 +24,7 @@ import tempfile
 
 import torch
 
-from coursekit.testing import fail, show
+from coursekit.testing import fail, one_thread, quiet_transformers, show
 
 NEG_INF = float("-inf")
 ATOL = 1e-6
@@ -38,35 +38,6 @@ def _seeded(seed: int):
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         yield
-
-
-@contextlib.contextmanager
-def _quiet_hf():
-    """No progress bars or generation warnings from transformers in the learner's feedback."""
-    from transformers.utils import logging as hf_logging
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _one_thread(check):
-    """Run a check with one torch thread: its tensors and models are tiny, and on a busy machine two threads
-    that wait for each other make a forward pass of a tiny GPT ten to a hundred times slower."""
-    @functools.wraps(check)
-    def run(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return run
 
 
 def _t(x: torch.Tensor) -> str:
@@ -206,7 +177,7 @@ def _logits(shape, scale: float = 2.0, removed: float = 0.0, step: float = 0.0) 
 AFTER_SOFTMAX = ("you applied the temperature after the softmax: it divides the logits, before any softmax (and the "
                  "function returns logits, not probabilities)")
 
-@_one_thread
+@one_thread
 def check_temperature(apply_temperature):
     from transformers import TemperatureLogitsWarper
     with _seeded(6001):
@@ -246,7 +217,7 @@ def _keep_at_least(z: torch.Tensor, kth: torch.Tensor, strict: bool = False) -> 
     return z.masked_fill(z <= kth if strict else z < kth, NEG_INF)
 
 
-@_one_thread
+@one_thread
 def check_top_k(top_k_filter):
     from transformers import TopKLogitsWarper
     with _seeded(6002):
@@ -348,7 +319,7 @@ def _top_p_mistakes(z: torch.Tensor, p: float):
     ]
 
 
-@_one_thread
+@one_thread
 def check_top_p(top_p_filter):
     from transformers import TopPLogitsWarper
     with _seeded(6003):
@@ -374,7 +345,7 @@ def _min_p_is_clear(row: torch.Tensor, p: float) -> bool:
     return p == 0.0 or bool((gap[q != q.max()] > MARGIN * q.max()).all())
 
 
-@_one_thread
+@one_thread
 def check_min_p(min_p_filter):
     from transformers import MinPLogitsWarper
     with _seeded(6004):
@@ -436,7 +407,7 @@ def _penalise_each_time(z, ids, f):
     return out
 
 
-@_one_thread
+@one_thread
 def check_repetition_penalty(apply_repetition_penalty):
     from transformers import RepetitionPenaltyLogitsProcessor
     cases = [(z, ids, penalty) for z, ids in _rows_of_ids() for penalty in (1.3, 0.7, 2.0)]
@@ -479,7 +450,7 @@ def _openai(z, ids, start, presence, frequency, flat=lambda c: (c > 0).double(),
     return (z.double() + sign * (presence * flat(c) + frequency * c)).to(z.dtype)
 
 
-@_one_thread
+@one_thread
 def check_presence_frequency(apply_presence_frequency_penalty):
     (z, ids), (one_z, one_ids), _ = _rows_of_ids()
     ids = ids.clone()
@@ -525,7 +496,7 @@ def _ngram_bans(z, ids, n, windows_end: int = 0, first_only: bool = False):
     return out
 
 
-@_one_thread
+@one_thread
 def check_no_repeat_ngram(ban_repeated_ngrams):
     from transformers import NoRepeatNGramLogitsProcessor
     with _seeded(6006):
@@ -595,7 +566,7 @@ def _draw(sample_from_logits, logits, seed, label):
     return got
 
 
-@_one_thread
+@one_thread
 def check_sample(sample_from_logits):
     logits = torch.tensor([1.2, -0.4, NEG_INF, 0.3, 2.0, -1.5, 0.9, NEG_INF, 0.0, -0.8])
     probs = logits.double().softmax(-1)
@@ -673,7 +644,7 @@ def _beam_models(name: str):
     config = GPT2Config(vocab_size=vocab, n_positions=block, n_layer=layers, n_head=heads, n_embd=width,
                         activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=None, eos_token_id=None, tie_word_embeddings=True)
-    with _seeded(seed), _quiet_hf():
+    with _seeded(seed), quiet_transformers():
         hf = GPT2LMHeadModel(config).eval()
         for p in hf.parameters():
             if p.dim() == 2:
@@ -689,7 +660,7 @@ def _hf_beams(hf, prompt, max_new_tokens, num_beams, length_penalty=1.0, eos_ids
     each cut after its first end-of-text id."""
     kwargs = dict(num_beams=num_beams, num_return_sequences=hypotheses, length_penalty=length_penalty) \
         if num_beams > 1 else {}
-    with torch.no_grad(), _quiet_hf():
+    with torch.no_grad(), quiet_transformers():
         out = hf.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens, do_sample=False,
                           eos_token_id=list(eos_ids) or None, pad_token_id=0, **kwargs)
     seqs = []
@@ -806,7 +777,7 @@ def _beam_label(prompt, n, beams, lp, eos) -> str:
             f"eos_ids={eos})")
 
 
-@_one_thread
+@one_thread
 def check_beam_search(beam_search):
     answers = []
     for case in BEAM_CASES:

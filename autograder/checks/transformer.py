@@ -25,7 +25,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, fail
+from coursekit.testing import call, fail, quiet_transformers
 
 # float32 throughout; logits to 1e-4 as the notebook's visible test asks.
 ATOL = 1e-5
@@ -39,21 +39,6 @@ def _seeded(seed: int):
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         yield
-
-
-@contextlib.contextmanager
-def _quiet_hf():
-    """No progress bars or config warnings from transformers in the learner's feedback."""
-    from transformers.utils import logging as hf_logging
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _shape(x) -> str:
@@ -377,7 +362,7 @@ def _load(module, state_dict, name: str) -> None:
 
 
 def check_block(Block, GPTConfig):
-    with _quiet_hf():
+    with quiet_transformers():
         _check_block(Block, GPTConfig)
 
 
@@ -557,7 +542,7 @@ def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
 
 
 def check_gpt(GPT, GPTConfig):
-    with _quiet_hf():
+    with quiet_transformers():
         for k, config_args in enumerate(GPT_CONFIGS):
             _check_pretrained_logits(GPT, config_args, seed=440 + 10 * k)
         _check_weight_tying(GPT, GPTConfig, GPT_CONFIGS[0], seed=460)

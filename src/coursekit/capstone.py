@@ -14,7 +14,6 @@ your GPT) waits for them instead of being blamed for their mistakes.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import functools
 import html
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 import coursekit
 from coursekit import export
 from coursekit.testing import describe_call, show
+from .testing import one_thread, quiet_transformers
 
 PACKAGE_NAME = "learner_minigpt"  # never "minigpt": the course's reference keeps its name
 PROMPT = "Romeo.\n"  # how the corpus starts a speech
@@ -141,7 +141,7 @@ def oracle(model_dir: str | Path | None = None) -> Oracle:
     from transformers import GPT2LMHeadModel
 
     folder = Path(model_dir or coursekit.shipped_model_dir())
-    with _quiet_hf():
+    with quiet_transformers():
         # The course's checkpoint is float16 on disk; minigpt computes in float32, so Hugging Face must too.
         hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
     enc = coursekit.gpt2_encoding()
@@ -171,7 +171,7 @@ def hf_generate(o: Oracle, prompt: list[int], n: int, seed: int | None = None, *
     settings = {"eos_token_id": o.enc.eot_token, **settings}
     if settings.get("do_sample"):
         settings.setdefault("top_k", 0)  # no top-k unless asked: generate's default is 50
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), _quiet_hf():
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), quiet_transformers():
         if seed is not None:
             torch.manual_seed(seed)
         out = o.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -190,38 +190,6 @@ def drive(model, prompt: list[int], n: int, choose: Callable | None = None, end:
         if ids[-1] == end:
             break
     return ids[len(prompt):]
-
-
-@contextlib.contextmanager
-def _quiet_hf():
-    """No progress bars, logs or warnings from transformers in the notebook."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _one_thread(fn):
-    """Run on one CPU thread: the course's model is small, and threads only wait on each other (on a busy 2-core
-    machine, several times slower)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapper
 
 
 def _until_end(ids: list[int], ends: set[int]) -> list[int]:
@@ -603,7 +571,7 @@ class PieceResult:
     waits_for: tuple[str, ...] = ()  # for "waits": the pieces to fix first
 
 
-@_one_thread
+@one_thread
 def compare(package: ModuleType, model_dir: str | Path | None = None,
             pieces: list[str] | None = None) -> "Report":
     """Check each piece of ``package`` against its oracle on the GPT-2 folder ``model_dir`` (the course's model
@@ -808,7 +776,7 @@ def _visible(text: str) -> str:
     return html.escape(text).replace("\n", "↵<br>")
 
 
-@_one_thread
+@one_thread
 def generate_side_by_side(package: ModuleType, prompt: str = PROMPT, max_new_tokens: int = 40, seed: int = 0,
                           model_dir: str | Path | None = None, name: str = "your package", **settings) -> SideBySide:
     """Sample a continuation of ``prompt`` with one seed three times: with all of ``package`` (its tokenizer, its

@@ -5,6 +5,10 @@ A failed check says what was called, what came back, what was expected and, wher
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import warnings
+
 import reprlib
 
 _short = reprlib.Repr()
@@ -67,3 +71,37 @@ def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: st
 
 def fail(message: str, hint: str = ""):
     raise AssertionError(message + (f"\nHint: {hint}" if hint else ""))
+
+
+def one_thread(fn):
+    """Run ``fn`` on one CPU thread, and give the caller's setting back afterwards. The course's tensors are small:
+    on a busy machine, torch's threads mostly wait on each other (several times slower)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return run
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """No logs, warnings or progress bars from Hugging Face transformers while the block runs."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
