@@ -9,22 +9,22 @@ Two ways of grading, the same expectations:
 - in-process (fast): the notebook's code cells run in order in one namespace, test cells whole, hidden part
   included, as nbgrader runs them; every mutant and variant;
 - real `nbgrader autograde` (slow): one class folder, one grading run, the reference, the untouched
-  notebook, the mutants in `NBGRADER_MUTANTS` and every variant.
+  notebook, the mutants in `NBGRADER_MUTANTS` and every variant; the tests every chapter shares
+  (tests/submissions/grading.py).
 """
 from __future__ import annotations
-
-import time
 
 import nbformat
 import pytest
 import torch
 
-from autograder import grade
-from submissions import ROOT, apply_edits, learner_notebook, reference_sources, solution_ids
+from submissions import ROOT, apply_edits, learner_notebook, reference_sources
 from submissions import ch06_samplers as ch
+from submissions.grading import nbgrader_tests
 
 CHAPTER = ch.CHAPTER
 TEST_CELLS = ["test_temperature", "test_filters", "test_penalties", "test_sample", "test_beam_search"]
+SOLUTION_IDS = ["temperature", "filters", "penalties", "sample", "beam_search"]
 MUTANTS = {m.key: m for m in ch.MUTANTS}
 VARIANTS = {v.key: v for v in ch.VARIANTS}
 HIDDEN_MARKERS = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
@@ -38,13 +38,9 @@ def variant_cells(key: str) -> dict[str, str]:
     return apply_edits(CHAPTER, VARIANTS[key].edits, VARIANTS[key].cells)
 
 
-def summary(score, max_score, lost: dict[str, str]) -> str:
-    return f"{score} / {max_score}:\n" + "\n".join(f"  {g}: {m}" for g, m in lost.items())
-
-
 def check_mutant(key: str, lost: dict[str, str]) -> None:
     mutant = MUTANTS[key]
-    assert set(lost) == set(mutant.lost), f"{mutant.name}: lost {summary('-', '-', lost)}"
+    assert set(lost) == set(mutant.lost), f"{mutant.name}: lost\n" + "\n".join(f"  {g}: {m}" for g, m in lost.items())
     for grade_id, named in mutant.lost.items():
         assert named in lost[grade_id], f"{mutant.name}: {grade_id} should say {named!r}: {lost[grade_id]}"
 
@@ -114,88 +110,6 @@ def test_the_mutants_graded_by_nbgrader_exist():
 
 # ---------------------------------------------------------------- real nbgrader
 
-def submissions() -> dict[str, nbformat.NotebookNode]:
-    """{student id: notebook}: the reference, the untouched release, the nbgrader mutants, every variant."""
-    notebooks = {"reference": learner_notebook(CHAPTER, {}), "untouched": learner_notebook(CHAPTER, None)}
-    for key in ch.NBGRADER_MUTANTS:
-        notebooks[key] = learner_notebook(CHAPTER, mutant_cells(key))
-    for key in VARIANTS:
-        notebooks[key] = learner_notebook(CHAPTER, variant_cells(key))
-    return notebooks
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, grade.Result]:
-    class_dir = tmp_path_factory.mktemp("class")
-    notebooks = submissions()
-    assert len(notebooks) == 2 + len(ch.NBGRADER_MUTANTS) + len(VARIANTS), "two submissions share a student id"
-    for student, nb in notebooks.items():
-        (class_dir / student).mkdir()
-        nbformat.write(nb, class_dir / student / f"{CHAPTER}.ipynb")
-    subs = grade.class_submissions(class_dir, [CHAPTER], grade.course_chapters(grade.DEFAULT_COURSE_ROOT))
-    start = time.monotonic()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")  # each grading kernel, as above: tiny models, one thread
-        graded = grade.grade(subs, grade.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
-    print(f"graded {len(subs)} submissions of {CHAPTER} in {time.monotonic() - start:.0f} s")
-    return {r.student: r for r in graded}
-
-
-def lost_cells(result: grade.Result) -> dict[str, str]:
-    return {lp.grade_id: lp.message for lp in result.lost}
-
-
-@pytest.mark.slow
-def test_every_submission_is_graded(results):
-    assert {s: r.status for s, r in results.items() if r.status != "graded"} == {}
-    assert {r.max_score for r in results.values()} == {results["reference"].max_score}
-
-
-@pytest.mark.slow
-def test_reference_answer_gets_full_marks(results):
-    ref = results["reference"]
-    assert ref.max_score > 0 and ref.score == ref.max_score, summary(ref.score, ref.max_score, lost_cells(ref))
-    assert ref.lost == [] and not ref.needs_manual_grade
-
-
-@pytest.mark.slow
-def test_untouched_notebook_gets_zero_and_says_what_is_not_written(results):
-    untouched = results["untouched"]
-    lost = lost_cells(untouched)
-    assert untouched.score == 0, summary(untouched.score, untouched.max_score, lost)
-    assert list(lost) == TEST_CELLS
-    for grade_id, message in lost.items():
-        assert "not written yet" in message, f"{grade_id}: {message}"
-
-
-@pytest.mark.slow
-def test_the_test_cells_are_the_ones_these_tests_know(results):
-    assert {lp.grade_id for lp in results["untouched"].lost} == set(TEST_CELLS)
-    assert solution_ids(CHAPTER) == ["temperature", "filters", "penalties", "sample", "beam_search"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("key", ch.NBGRADER_MUTANTS)
-def test_mistake_loses_points_in_the_cells_it_breaks_and_only_there(results, key):
-    result = results[key]
-    assert result.score < result.max_score, f"{MUTANTS[key].name}: full marks"
-    assert all(lp.score == 0 for lp in result.lost), summary(result.score, result.max_score, lost_cells(result))
-    check_mutant(key, lost_cells(result))
-
-
-@pytest.mark.slow
-def test_no_message_is_a_bare_error(results):
-    """Every lost cell says what went wrong, not just `AssertionError`."""
-    for student, result in results.items():
-        for lp in result.lost:
-            _, _, text = lp.message.partition(": ")
-            assert text.strip() and lp.message != "lost points without raising an error", (
-                f"{student} {lp.grade_id}: {lp.message!r}")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("key", VARIANTS)
-def test_different_correct_answer_gets_full_marks(results, key):
-    result = results[key]
-    assert result.score == result.max_score and result.lost == [], (
-        f"{VARIANTS[key].name}: {summary(result.score, result.max_score, lost_cells(result))}")
+# Every test marked slow; one torch thread per grading kernel, as above.
+globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS, mutants=ch.NBGRADER_MUTANTS,
+                                kernel_env={"OMP_NUM_THREADS": "1"}))

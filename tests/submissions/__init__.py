@@ -4,18 +4,21 @@ A submission starts from the learner notebook (`notebooks/<chapter>/`), as a lea
 solution cells (nbgrader `solution: true`, known by `grade_id`) with code. By default a cell gets the
 reference answer: the instructor cell from `solutions/<chapter>/` with its `### BEGIN/END SOLUTION` lines
 removed. A mutant is the reference with one mistake edited in; a variant is a different correct answer.
-Each chapter's module (`ch01_tokens.py`, ...) lists its mutants and variants.
+Each chapter's module (`ch01_tokens.py`, ...) lists its mutants and variants; `grading.py` holds the tests
+that every chapter runs on them.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+HIDDEN_TESTS = re.compile(r"^### BEGIN HIDDEN TESTS\n(.*?)^### END HIDDEN TESTS", re.S | re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,3 +107,26 @@ def learner_notebook(chapter: str, cells: dict[str, str] | None = None) -> nbfor
             cell.source = cells.get(_grade_id(cell), reference[_grade_id(cell)])
     return nb
 
+
+def hidden_tests(chapter: str) -> dict[str, str]:
+    """{grade_id: the hidden part} of the chapter's test cells, from the instructor notebook."""
+    return {_grade_id(cell): HIDDEN_TESTS.search(cell.source).group(1)
+            for cell in _read("solutions", chapter).cells if cell.metadata.get("nbgrader", {}).get("grade")}
+
+
+def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
+    """Grade without nbgrader: run the learner notebook's own cells (imports, given code, solution cells filled
+    with `cells`) in this process, then each test cell's hidden part as the grader does; {grade_id: message}
+    of those that fail."""
+    namespace: dict = {}
+    for cell in learner_notebook(chapter, cells).cells:
+        nbgrader = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and nbgrader.get("grade_id") and not nbgrader.get("grade"):
+            exec(compile(cell.source, f"<{chapter} {nbgrader['grade_id']}>", "exec"), namespace)
+    failed = {}
+    for grade_id, source in hidden_tests(chapter).items():
+        try:
+            exec(source, dict(namespace))
+        except AssertionError as err:
+            failed[grade_id] = str(err)
+    return failed
