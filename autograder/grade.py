@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -599,7 +600,9 @@ def record(ws: Workspace, s: Submission, gb_url: str) -> None:
         shutil.copytree(folder / s.student / s.chapter, dest)
     autograded_path(ws.root, s.student, s.chapter).unlink()  # nbgrader leaves it read-only
     nbformat.write(nb, autograded_path(ws.root, s.student, s.chapter))
-    with Gradebook(gb_url) as gb:
+    with Gradebook(gb_url) as gb, warnings.catch_warnings():
+        # nbgrader's own autograde makes the same calls; SQLAlchemy warns about its session handling there too
+        warnings.filterwarnings("ignore", message=".*not in session.*")
         gb.update_or_create_student(s.student)
         gb.update_or_create_submission(s.chapter, s.student)
     resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student, "db_url": gb_url}}
