@@ -512,17 +512,13 @@ def package_findings(out: Path) -> list[str]:
         want = export.build_package(out / "notebooks")
     except ValueError as err:
         return [f"notebooks/: the learner's package cannot be exported from them ({err})"]
-    package = out / "src" / "minigpt"
-    have = {p.name: p for p in package.iterdir()} if package.is_dir() else {}
-    findings = []
-    for name in sorted(set(want) | set(have)):
-        if name not in have:
-            findings.append(f"src/minigpt/{name}: missing (run minigpt-export notebooks src/minigpt)")
-        elif name not in want:
-            findings.append(f"src/minigpt/{name}: not exported from notebooks/ (the learner's package is only that)")
-        elif not have[name].is_file() or have[name].read_text(encoding="utf-8") != want[name]:
-            findings.append(f"src/minigpt/{name}: differs from the export of notebooks/ (the reference, or edited?)")
-    return findings
+    why = {
+        "missing": "missing (run minigpt-export notebooks src/minigpt)",
+        "not exported": "not exported from notebooks/ (the learner's package is only that)",
+        "differs": "differs from the export of notebooks/ (the reference, or edited?)",
+    }
+    return [f"src/minigpt/{name}: {why[kind]}"
+            for name, kind in export.differences(want, out / "src" / "minigpt").items()]
 
 
 def stub_findings(out: Path) -> list[str]:

@@ -102,18 +102,33 @@ def build_package(source_dir: Path) -> dict[str, str]:
     return files
 
 
+def differences(want: dict[str, str], package_dir: Path) -> dict[str, str]:
+    """{module file: "missing" | "not exported" | "differs"} for each file of ``package_dir`` that is not what
+    ``want`` (the output of ``build_package``) says it should be."""
+    have = {p.name: p.read_text(encoding="utf-8") for p in Path(package_dir).glob("*.py")}
+    kinds = {}
+    for name in sorted(set(want) | set(have)):
+        if name not in have:
+            kinds[name] = "missing"
+        elif name not in want:
+            kinds[name] = "not exported"
+        elif have[name] != want[name]:
+            kinds[name] = "differs"
+    return kinds
+
+
 def drift(source_dir: Path, package_dir: Path) -> list[str]:
     """Unified diffs between what ``source_dir`` exports and what ``package_dir`` holds; empty when in sync."""
     want = build_package(source_dir)
-    have = {p.name: p.read_text(encoding="utf-8") for p in Path(package_dir).glob("*.py")}
     out = []
-    for name in sorted(set(want) | set(have)):
-        if name not in want:
+    for name, kind in differences(want, package_dir).items():
+        if kind == "not exported":
             out.append(f"{package_dir}/{name}: no notebook exports this module any more\n")
-        elif name not in have:
+        elif kind == "missing":
             out.append(f"{package_dir}/{name}: missing\n")
-        elif have[name] != want[name]:
-            out.append("".join(difflib.unified_diff(have[name].splitlines(True), want[name].splitlines(True),
+        else:
+            have = (Path(package_dir) / name).read_text(encoding="utf-8")
+            out.append("".join(difflib.unified_diff(have.splitlines(True), want[name].splitlines(True),
                                                     f"{package_dir}/{name} (on disk)",
                                                     f"{package_dir}/{name} (exported)")))
     return out
