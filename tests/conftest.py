@@ -2,6 +2,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Set before anything imports tiktoken or transformers, so no test can reach for the network.
@@ -19,3 +21,15 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
         reporter.write_line(f"FAILED: {len(skipped)} test(s) skipped; every test in this suite must run "
                             "(reasons: pytest -rs)", red=True)
+
+
+@pytest.fixture
+def torch_one_thread():
+    """One torch thread for the test: the course's models and tensors are tiny, and a second thread only adds
+    waiting, a lot of it on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-import torch
 
 from submissions import ROOT, apply_edits, learner_notebook, reference_sources
 from submissions import ch06_samplers as ch
@@ -47,16 +46,6 @@ def check_mutant(key: str, lost: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------- in-process
 
-@pytest.fixture
-def one_thread():
-    """The chapter's models and tensors are tiny: a second torch thread only adds waiting (a lot of it on a
-    busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def run_notebook(cells: dict[str, str] | None) -> dict[str, str]:
     """{grade_id: "ename: evalue"} of the test cells that fail when the instructor notebook's graded code runs
     with the learner's cells: `cells[grade_id]` where given, else the reference; `None`: as released, every
@@ -82,11 +71,11 @@ def run_notebook(cells: dict[str, str] | None) -> dict[str, str]:
     return lost
 
 
-def test_in_process_reference_passes_every_test_cell(one_thread):
+def test_in_process_reference_passes_every_test_cell(torch_one_thread):
     assert run_notebook({}) == {}
 
 
-def test_in_process_untouched_notebook_fails_every_test_cell_as_not_written(one_thread):
+def test_in_process_untouched_notebook_fails_every_test_cell_as_not_written(torch_one_thread):
     lost = run_notebook(None)
     assert list(lost) == TEST_CELLS
     for grade_id, message in lost.items():
@@ -94,12 +83,12 @@ def test_in_process_untouched_notebook_fails_every_test_cell_as_not_written(one_
 
 
 @pytest.mark.parametrize("key", MUTANTS)
-def test_in_process_mistake_loses_points_where_it_belongs_and_is_named(one_thread, key):
+def test_in_process_mistake_loses_points_where_it_belongs_and_is_named(torch_one_thread, key):
     check_mutant(key, run_notebook(mutant_cells(key)))
 
 
 @pytest.mark.parametrize("key", VARIANTS)
-def test_in_process_different_correct_answer_passes(one_thread, key):
+def test_in_process_different_correct_answer_passes(torch_one_thread, key):
     assert run_notebook(variant_cells(key)) == {}
 
 

@@ -26,17 +26,10 @@ from minigpt.generation import (TextStream, end_of_text_id, find_stop, generate,
 from minigpt.tokens import gpt2_tokenizer
 from minigpt.transformer import GPT, GPTConfig
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 MARGIN = 1e-3  # the smallest gap between the two best logits at a greedy step the checks rely on
 END = 50256
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: threads only wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

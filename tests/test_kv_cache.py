@@ -20,6 +20,8 @@ from minigpt.kv_cache import CachedModel, KVCache, attention_with_cache, forward
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 ATOL = 1e-5
 MARGIN = 1e-3  # the smallest gap between the two best logits at a greedy step the checks rely on
 MiB = 2 ** 20
@@ -29,15 +31,6 @@ SHAPES = {  # vocabularies, windows, depths and head counts unlike each other an
     "wide": dict(vocab_size=257, n_positions=16, n_layer=3, n_head=6, n_embd=48),
     "deep": dict(vocab_size=83, n_positions=12, n_layer=5, n_head=4, n_embd=32),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models: threads only wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def hf_model(seed: int, **shape) -> GPT2LMHeadModel:

@@ -26,6 +26,8 @@ from minigpt.samplers import (Sampler, apply_presence_frequency_penalty, apply_r
                               sample_from_logits, top_k_filter, top_p_filter)
 from minigpt.transformer import GPT
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 NEWLINE = 198  # GPT-2's "\n": as a second end-of-text id it makes beams end at the end of a line
 END = 50256
 EXAMPLES = settings(max_examples=150, deadline=None, derandomize=True, database=None)
@@ -47,15 +49,6 @@ def random_logits(seed: int, rows: int = 3, vocab: int = 50, removed: float = 0.
         mask[:, 0] = False
         z = z.masked_fill(mask, float("-inf"))
     return z
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models and tensors: a second torch thread only adds waiting, a lot of it on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 logits_args = dict(seed=st.integers(0, 10**6), removed=st.sampled_from([0.0, 0.3]), step=st.sampled_from([0.0, 1.0]))

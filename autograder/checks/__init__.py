@@ -6,3 +6,16 @@ Each check compares the learner's code with an external oracle (tiktoken, torch,
 the learner has not seen, and explains a mismatch in words: which call, what came back, what was expected,
 and, when the mistake is a known one, what it is.
 """
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The size of a small random GPT-2 that a check builds (with ``seed``) to run the learner's code on."""
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    seed: int

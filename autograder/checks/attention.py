@@ -20,15 +20,6 @@ from coursekit.testing import call, expect_raises, fail, one_thread
 ATOL = 1e-5
 
 
-def _call(label: str, fn, *args, **kwargs):
-    """coursekit.testing.call with the call described by ``label``, which gives tensors by their shapes:
-    call's own description prints every number of every tensor argument."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
-    except Exception as err:  # the learner's bug, reported with the call that triggered it
-        raise AssertionError(f"{label} raised {type(err).__name__}: {err}") from err
 
 
 def _randn(*shape, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -197,7 +188,7 @@ def check_softmax(softmax):
         want = torch.softmax(x, dim=d)
         before = x.clone()
         with _without_torch_softmax():
-            got = _call(label, softmax, x) if dim is None else _call(label, softmax, x, dim=dim)
+            got = call(softmax, x, label=label) if dim is None else call(softmax, x, dim=dim, label=label)
         if not torch.equal(x, before):
             fail(f"{label} changed its input in place", "compute new tensors (x - m, not x -= m): the caller "
                  "still needs its scores")
@@ -318,7 +309,7 @@ def check_attention(attention):
         label = _attention_label(q, k, v, mask, what)
         want_out, want_w = _oracle_attention(q, k, v, mask)
         inputs = [t.clone() for t in (q, k, v)]
-        got = _call(label, attention, q, k, v, mask)
+        got = call(attention, q, k, v, mask, label=label)
         if not all(torch.equal(t, before) for t, before in zip((q, k, v), inputs)):
             fail(f"{label} changed q, k or v in place", "compute new tensors (q / s, not q /= s): the caller "
                  "still needs its queries, keys and values")
@@ -394,7 +385,7 @@ LAYER_HELPERS = ("causal_mask", "softmax", "attention")  # what forward calls
 
 
 def _layer(CausalSelfAttention, n_embd, n_head, seed, dtype=torch.float32):
-    layer = _call(f"CausalSelfAttention({n_embd}, {n_head})", CausalSelfAttention, n_embd, n_head)
+    layer = call(CausalSelfAttention, n_embd, n_head, label=f"CausalSelfAttention({n_embd}, {n_head})")
     for name in ("c_attn", "c_proj"):
         if not isinstance(getattr(layer, name, None), torch.nn.Linear):
             fail(f"CausalSelfAttention({n_embd}, {n_head}) has no nn.Linear `{name}`",
@@ -429,7 +420,7 @@ def check_causal_self_attention(CausalSelfAttention):
         x = _randn(B, T, C, seed=80 + n)
         _check_split_merge(layer, x, C, H)
         with torch.no_grad():
-            y = _call(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}", layer, x)
+            y = call(layer, x, label=f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}")
             _tensor(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}", y, x)
             _check_no_peeking(layer, x, y, C, H, seed=90 + n)
             want = _oracle_layer(layer, x, H)
@@ -440,7 +431,7 @@ def check_causal_self_attention(CausalSelfAttention):
     layer = _layer(CausalSelfAttention, 12, 3, seed=99, dtype=torch.float64)
     x = _randn(2, 5, 12, seed=100, dtype=torch.float64)
     with torch.no_grad():
-        y = _call("CausalSelfAttention(12, 3).double() on float64 x", layer, x)
+        y = call(layer, x, label="CausalSelfAttention(12, 3).double() on float64 x")
         want = _oracle_layer(layer, x, 3)
     _tensor("CausalSelfAttention(12, 3).double() on float64 x", y, want)
     if not _close(y, want, atol=1e-9):
@@ -451,7 +442,7 @@ def check_causal_self_attention(CausalSelfAttention):
 def _check_split_merge(layer, x, C, H):
     B, T, _ = x.shape
     name = f"CausalSelfAttention({C}, {H})"
-    got = _call(f"{name}.split_heads(x of shape {tuple(x.shape)})", layer.split_heads, x)
+    got = call(layer.split_heads, x, label=f"{name}.split_heads(x of shape {tuple(x.shape)})")
     want = _oracle_split(x, H)
     _tensor(f"{name}.split_heads(x of shape {tuple(x.shape)})", got, want)
     if not torch.equal(got, want):
@@ -463,7 +454,7 @@ def _check_split_merge(layer, x, C, H):
         fail(f"{name}.split_heads(x of shape {tuple(x.shape)}) put the wrong numbers in the heads "
              f"(largest difference {_max_diff(got, want)})", hint)
     heads = _randn(B, H, T, C // H, seed=T + C)
-    back = _call(f"{name}.merge_heads(heads of shape {tuple(heads.shape)})", layer.merge_heads, heads)
+    back = call(layer.merge_heads, heads, label=f"{name}.merge_heads(heads of shape {tuple(heads.shape)})")
     want_back = heads.transpose(1, 2).reshape(B, T, C)
     _tensor(f"{name}.merge_heads(heads of shape {tuple(heads.shape)})", back, want_back)
     if not torch.equal(back, want_back):
@@ -482,7 +473,7 @@ def _check_no_peeking(layer, x, y, C, H, seed):
             continue
         x2 = x.clone()
         x2[:, t + 1:] = _randn(B, T - t - 1, C, seed=seed + t, scale=3)
-        y2 = _call(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}", layer, x2)
+        y2 = call(layer, x2, label=f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}")
         changed = (y2[:, :t + 1] - y[:, :t + 1]).abs().amax(dim=(0, 2)) > ATOL
         if changed.any():
             p = int(changed.nonzero()[0])

@@ -24,6 +24,7 @@ import tempfile
 import torch
 
 import coursekit
+from autograder.checks import Shape
 from coursekit.testing import call, fail, one_thread, quiet_transformers, show
 from minigpt.transformer import GPT, GPTConfig
 
@@ -32,29 +33,7 @@ ATOL = 1e-4
 END = "<|endoftext|>"
 
 
-def _run(label: str, fn, *args, hint: str = "", **kwargs):
-    """Run the learner's code; "not written yet" and crashes become messages that start with ``label`` (a
-    readable description of the call: models and long id lists are not printed)."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
-    except Exception as err:  # the learner's bug, reported with the call that triggered it
-        raise AssertionError(f"{label} raised {type(err).__name__}: {err}" + (f"\nHint: {hint}" if hint else "")) \
-            from err
-
-
 # ---------------------------------------------------------------- random GPT-2 models and the HF oracle
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    vocab_size: int
-    block_size: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    seed: int
-
 
 # Small windows, so that short runs already overflow them. A larger initializer_range than GPT-2's 0.02
 # spreads the logits, so that no greedy step is a near tie that float rounding could flip (tests check
@@ -163,7 +142,7 @@ def check_last_logits(last_logits):
         before = list(ids)
         label = f"last_logits(<GPT with block_size={block}, vocab_size={vocab}>, <{length} ids>)"
         hint = "a sequence longer than block_size must be cut to its last block_size tokens" if length > block else ""
-        got = _run(label, last_logits, model, ids, hint=hint)
+        got = call(last_logits, model, ids, hint=hint, label=label)
         if ids != before:
             fail(f"{label} changed the list of ids it was given", "read ids, never modify them: slice a copy")
         want = _hf_logits(hf, _last(ids, block))
@@ -292,7 +271,7 @@ def check_token_stream(token_stream):
                  + "".join(f", {k}={show(v) if k == 'eos_ids' else '<lowest score>'}" for k, v in kwargs.items())
                  + f") ({case.what})")
         long = len(prompt) + case.n > block
-        got = _run(label, lambda: list(token_stream(model, prompt, case.n, **kwargs)),
+        got = call(lambda: list(token_stream(model, prompt, case.n, **kwargs)), label=label,
                    hint="a context longer than block_size is cut in last_logits" if long else "")
         if prompt != before:
             fail(f"{label}: the prompt list mutated: it was {show(before)}, it is now {show(prompt)}",
@@ -348,7 +327,7 @@ def _check_lazy(token_stream):
     counting = _Counting(model)
     n = 10
     label = f"token_stream(<GPT>, <3 ids>, {n})"
-    _run(label, lambda: next(iter(token_stream(counting, _ids(3, model.config.vocab_size, seed=1), n))))
+    call(lambda: next(iter(token_stream(counting, _ids(3, model.config.vocab_size, seed=1), n))), label=label)
     if counting.calls >= n:
         fail(f"token_stream(<GPT>, <3 ids>, {n}) ran {counting.calls} forward passes before giving its first token",
              "yield each token as soon as it is chosen (a generator), so the caller can show it at once")
@@ -567,8 +546,8 @@ def check_text_stream(TextStream):
         label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(case.prompt)}, {max_new}, stop={show(case.stop)}" + \
             (f", eos_ids={case.eos_ids}" if case.eos_ids is not None else "") + \
             (", choose=<writes its own tokens>" if chooser_script else "") + f") ({case.what})"
-        stream = _run(label, TextStream, model, enc, case.prompt, max_new, **kwargs)
-        pieces = _run(f"list({label})", list, stream)
+        stream = call(TextStream, model, enc, case.prompt, max_new, **kwargs, label=label)
+        pieces = call(list, stream, label=f"list({label})")
         _check_stream(label, case, stream, pieces, want, chooser_script or script, stops)
     _check_streams_early(TextStream)
 
@@ -667,7 +646,7 @@ def _check_streams_early(TextStream):
     script = enc.encode(" Now is the winter of our discontent made glorious summer by this sun of York")
     model = Scripted(len(enc.encode("GLOUCESTER:")), script)
     label = f"TextStream(<model>, <GPT-2 tokenizer>, 'GLOUCESTER:', {len(script)})"
-    first = _run(f"next(iter({label}))", lambda: next(iter(TextStream(model, enc, "GLOUCESTER:", len(script)))))
+    first = call(lambda: next(iter(TextStream(model, enc, "GLOUCESTER:", len(script)))), label=f"next(iter({label}))")
     if model.calls >= len(script):
         fail(f"TextStream yielded its first piece {show(first)} only after all {len(script)} tokens were written",
              "yield text as soon as it is safe to show (no incomplete character, nothing that may start a stop "

@@ -26,12 +26,12 @@ in another order, or keeps a single entry, all get full marks. Nothing here impo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 
 import torch
 import torch.nn.functional as F
 
+from autograder.checks import Shape
 from coursekit.testing import fail, one_thread, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
@@ -80,16 +80,6 @@ def _shape(x) -> str:
 
 
 # ---------------------------------------------------------------- random GPT-2s and the oracle
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    vocab_size: int
-    block_size: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    seed: int
-
 
 # Small windows, so that a generation three times as long slides them many times. A larger initializer_range
 # than GPT-2's 0.02 spreads the logits, so that no greedy step is a near tie that float rounding could flip

@@ -24,7 +24,7 @@ import tempfile
 
 import torch
 
-from coursekit.testing import fail, one_thread, quiet_transformers, show
+from coursekit.testing import call, fail, one_thread, quiet_transformers, show
 
 NEG_INF = float("-inf")
 ATOL = 1e-6
@@ -45,15 +45,8 @@ def _t(x: torch.Tensor) -> str:
 
 
 def _call(fn, *args, label: str, on_error: str = ""):
-    """The learner's function on fresh copies of the inputs; a crash becomes a message naming the call."""
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        message, hint = f"{label}: not written yet (it still raises NotImplementedError)", ""
-    except Exception as err:  # noqa: BLE001 (the learner's bug, reported with the call that triggered it)
-        message, hint = f"{label} raised {type(err).__name__}: {err}", on_error
-    fail(message, hint)
+    """``coursekit.testing.call`` on fresh copies of the inputs, which the learner's function may change in place."""
+    return call(fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args], label=label, hint=on_error)
 
 
 def _hf(processor, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -31,15 +31,19 @@ def describe_call(name: str, args=(), kwargs=None) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-def call(fn, *args, name: str | None = None, **kwargs):
-    """Call a learner's function; turn "not written yet" and crashes into messages that name the call."""
-    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+def call(fn, *args, name: str | None = None, label: str | None = None, hint: str = "", **kwargs):
+    """Call a learner's function; turn "not written yet" and crashes into messages that name the call.
+
+    The call is described from ``name`` and the arguments, or by ``label`` where the caller has a better
+    description (tensors by their shapes, models by their size); ``hint`` is added to a crash's message."""
+    label = label or describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
         raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
     except Exception as err:  # the learner's bug, reported with the call that triggered it
-        raise AssertionError(f"{label} raised {type(err).__name__}: {err}") from err
+        raise AssertionError(f"{label} raised {type(err).__name__}: {err}" + (f"\nHint: {hint}" if hint else "")) \
+            from err
 
 
 def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs) -> None:
