@@ -322,6 +322,7 @@ class Workspace:
         self.root, self.course_root = root, course_root
         self.template = root / "template"
         self.state_file = root / "workspace.json"
+        self.sources: dict[str, str] = {}  # {chapter: hash of its solution folder}, set by open()
 
     def open(self, chapters: list[str], fresh: bool, verbose: bool) -> None:
         check_workspace(self.root)
@@ -336,7 +337,8 @@ class Workspace:
         write_config(self.root)
         self.stop_leftover_runs()
         sources = state.setdefault("sources", {})
-        changed = [ch for ch in chapters if sources.get(ch) != source_hash(self.course_root, ch)]
+        self.sources = {ch: source_hash(self.course_root, ch) for ch in chapters}
+        changed = [ch for ch in chapters if sources.get(ch) != self.sources[ch]]
         if changed:
             self.forget(changed)  # results of a chapter whose solution changed are out of date
             copy_sources(self.root, self.course_root, changed)
@@ -348,8 +350,7 @@ class Workspace:
                     proc = nbgrader(where, "generate_assignment", ch, "--force", verbose=verbose)
                     if proc.returncode != 0:
                         raise NbgraderFailed(f"nbgrader generate_assignment {ch} failed:\n{log_tail(proc.stdout)}")
-            for ch in changed:
-                sources[ch] = source_hash(self.course_root, ch)
+            sources.update(self.sources)
             state["course_root"] = str(self.course_root)
             self.write_state(state)
 
@@ -382,9 +383,6 @@ class Workspace:
 
     def write_state(self, state: dict) -> None:
         atomic_write(self.state_file, json.dumps(state, indent=2) + "\n")
-
-    def source(self, chapter: str) -> str:
-        return self.read_state()["sources"][chapter]
 
     def result_file(self, student: str, chapter: str) -> Path:
         return self.root / "results" / student / f"{chapter}.json"
@@ -811,7 +809,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
             r.max_score = max_of[s.chapter]
         results[s.student, s.chapter] = r
         if digest is not None and not r.reused:
-            payload = {"submission_sha256": digest, "source": ws.source(s.chapter), "result": dataclasses.asdict(r)}
+            payload = {"submission_sha256": digest, "source": ws.sources[s.chapter], "result": dataclasses.asdict(r)}
             atomic_write(ws.result_file(s.student, s.chapter), json.dumps(payload, indent=2) + "\n")
         bar.update(r)
 
@@ -875,7 +873,7 @@ def reuse(ws: Workspace, s: Submission, digest: str) -> Result | None:
         saved = json.loads(ws.result_file(s.student, s.chapter).read_text())
     except (OSError, ValueError):
         return None
-    if saved.get("submission_sha256") != digest or saved.get("source") != ws.source(s.chapter):
+    if saved.get("submission_sha256") != digest or saved.get("source") != ws.sources[s.chapter]:
         return None
     r = Result.from_dict(saved["result"])
     if r.status == "graded" and not autograded_path(ws.root, s.student, s.chapter).is_file():

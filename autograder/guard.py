@@ -94,7 +94,7 @@ class Guard:
             if filename.startswith(os.sep):
                 if filename.startswith(self.trusted):
                     return False
-                if filename.startswith(self.library) and not filename.startswith(self.trusted):
+                if filename.startswith(self.library):
                     frame = frame.f_back
                     continue
             return True  # a notebook cell, <string>, or any other file
