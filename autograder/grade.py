@@ -75,6 +75,13 @@ class NbgraderFailed(Exception):
     """nbgrader itself could not run (exit status 1)."""
 
 
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.I)
+    if not m:
+        raise UsageError(f"--memory must be a size like 4G or 1500M, got {text!r}")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
+
+
 @dataclasses.dataclass
 class Submission:
     student: str
@@ -118,7 +125,7 @@ class Result:
 @dataclasses.dataclass(frozen=True)
 class Limits:
     timeout: float = DEFAULT_TIMEOUT  # seconds for one notebook
-    memory: int = 4 << 30  # bytes of address space
+    memory: int = parse_size(DEFAULT_MEMORY)  # bytes of address space
     cell_timeout: int | None = None  # seconds per cell; None: the course's nbgrader setting
 
 
@@ -471,13 +478,6 @@ def review_notes(nb: nbformat.NotebookNode, released: dict[str, str]) -> list[st
 
 # ---------------------------------------------------------------------------------------------------
 # One grading run: nbgrader autograde for one submission, in a folder of its own, limited
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.I)
-    if not m:
-        raise UsageError(f"--memory must be a size like 4G or 1500M, got {text!r}")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
 
 
 def _limit_child(memory: int):

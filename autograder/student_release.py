@@ -36,6 +36,7 @@ from urllib.parse import unquote
 
 import yaml
 
+from autograder.grade import course_chapters as chapters
 from coursekit import export
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
@@ -64,11 +65,6 @@ class UsageError(Exception):
 
 # ---------------------------------------------------------------------------------------------------
 # Building the release
-
-
-def chapters(course_root: Path) -> list[str]:
-    """The course's chapters: ``solutions/NN-topic/NN-topic.ipynb``, in order."""
-    return [nb.parent.name for nb in export.chapter_notebooks(course_root / "solutions")]
 
 
 def prepare(out: Path) -> None:

@@ -367,3 +367,15 @@ def test_the_capstone_is_not_offered_for_grading(capsys):
     assert grade.graded_chapters(ROOT) == [ch for ch in grade.course_chapters(ROOT) if ch != "08-capstone"]
     code, _, err = run_grade(capsys, ROOT / "notebooks" / "08-capstone" / "08-capstone.ipynb")
     assert code == 2 and "no chapter 08-capstone to grade" in err
+
+
+def test_limits_on_the_command_line(course, capsys):
+    assert grade.parse_size("4G") == 4 << 30 and grade.parse_size("1500M") == 1500 << 20
+    learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    code, _, err = run_grade(capsys, learner, "--course-root", course, "--memory", "lots")
+    assert code == 2 and "--memory must be a size like 4G or 1500M, got 'lots'" in err
+    for flag, value, message in [("--jobs", "0", "--jobs must be at least 1, got 0"),
+                                 ("--timeout", "-5", "--timeout must be a positive number of seconds, got -5")]:
+        with pytest.raises(SystemExit) as exit_:
+            grade.main([str(learner), "--course-root", str(course), flag, value])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
