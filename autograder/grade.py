@@ -35,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -52,6 +53,8 @@ DEFAULT_TIMEOUT = 900  # seconds for one notebook, start to end
 DEFAULT_MEMORY = "4G"  # address space of the grading processes (nbgrader and its kernel)
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HIDDEN_BLOCK = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.S | re.M)
+# nbgrader's log when the kernel did not come up (it never ran a cell of the notebook)
+KERNEL_NEVER_STARTED = re.compile(r"Kernel died before replying to kernel_info|Kernel didn't respond in \d+ seconds")
 HIDDEN_NOTE = "# (hidden tests ran here; what they found is below)\n"
 # What a submission's own code should have no business mentioning. A match does not change the score; it
 # puts the submission on the instructor's review list.
@@ -114,6 +117,7 @@ class Result:
     review: list[str] = dataclasses.field(default_factory=list)  # why an instructor should read the code
     seconds: float | None = None  # grading time of this notebook (None: reused from an earlier run)
     reused: bool = False
+    log: str | None = None  # nbgrader's log of a run that ended without a score (timeout, error)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
@@ -256,8 +260,11 @@ def nbgrader_error(log: str) -> str:
     return "nbgrader could not grade this notebook"
 
 
-def write_config(root: Path, cell_timeout: int | None = None) -> None:
-    """A course directory's nbgrader_config.py: the course settings, with the root moved to ``root``."""
+def write_config(root: Path, cell_timeout: int | None = None, kernel_sockets: Path | None = None) -> None:
+    """A course directory's nbgrader_config.py: the course settings, with the root moved to ``root``.
+    ``kernel_sockets``: the kernel talks over Unix sockets whose paths start with this absolute path, not over
+    TCP ports. Kernels started at the same time by parallel runs can be handed the same free TCP port, and then
+    one of them dies at start-up."""
     lines = [
         "# Written by minigpt-grade: the course's nbgrader settings, rooted in this folder.",
         "c = get_config()",
@@ -266,6 +273,9 @@ def write_config(root: Path, cell_timeout: int | None = None) -> None:
     ]
     if cell_timeout is not None:
         lines.append(f"c.Execute.timeout = {int(cell_timeout)}")
+    if kernel_sockets is not None:
+        lines.append("c.KernelManager.transport = 'ipc'")
+        lines.append(f"c.KernelManager.ip = {str(kernel_sockets)!r}")
     (root / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
 
 
@@ -397,12 +407,26 @@ class Workspace:
     def run_dir(self, student: str, chapter: str) -> Path:
         return self.root / "work" / chapter / student
 
+    def keep_log(self, student: str, chapter: str) -> Path:
+        """Copy the run's nbgrader log to logs/<chapter>/<student>.log, out of the run folder that is removed."""
+        dest = self.root / "logs" / chapter / f"{student}.log"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.run_dir(student, chapter) / "nbgrader.log", dest)
+        return dest
+
     def stop_leftover_runs(self) -> None:
-        """Kill the grading runs of an interrupted batch that are still going."""
+        """Kill the grading runs of an interrupted batch that are still going: each process group whose
+        leader is still the `nbgrader` of that run folder (a number in a pid file may belong to another
+        process by now)."""
+        import psutil
+
         for pid_file in self.root.glob("work/*/*/pid"):
             try:
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-            except (ValueError, ProcessLookupError, PermissionError, OSError):
+                pid = int(pid_file.read_text())
+                leader = psutil.Process(pid)
+                if Path(leader.cwd()) == pid_file.parent.resolve() and "nbgrader" in leader.cmdline():
+                    os.killpg(pid, signal.SIGKILL)
+            except (ValueError, OSError, psutil.Error):
                 pass
             pid_file.unlink(missing_ok=True)
 
@@ -503,36 +527,54 @@ class RunOutcome:
 
 def run_one(ws: Workspace, s: Submission, limits: Limits, protect: list[str], verbose: bool) -> RunOutcome:
     """`nbgrader autograde` of one submission in ``ws.run_dir``; the kernel may read only that folder's
-    notebook folder, of everything in the workspace and the class."""
+    notebook folder, of everything in the workspace and the class. A run whose kernel never started (no cell
+    of the learner's ran) is not the learner's doing: it is run once more."""
+    outcome = _run_once(ws, s, limits, protect, verbose)
+    if outcome.status == "error" and KERNEL_NEVER_STARTED.search((ws.run_dir(s.student, s.chapter) / "nbgrader.log")
+                                                              .read_text(errors="replace")):
+        first = outcome.seconds
+        outcome = _run_once(ws, s, limits, protect, verbose)
+        outcome.seconds += first
+    return outcome
+
+
+def _run_once(ws: Workspace, s: Submission, limits: Limits, protect: list[str], verbose: bool) -> RunOutcome:
     run = ws.run_dir(s.student, s.chapter)
     if run.exists():
         shutil.rmtree(run)
     (run / "submitted" / s.student / s.chapter).mkdir(parents=True)
     shutil.copyfile(s.path, run / "submitted" / s.student / s.chapter / f"{s.chapter}.ipynb")
     shutil.copyfile(ws.template / "gradebook.db", run / "gradebook.db")
-    write_config(run, limits.cell_timeout)
+    # The kernel's sockets are files in a short folder of this run's own (a Unix socket path has at most 107
+    # bytes; the run folder can be deeper than that allows).
+    runtime = Path(tempfile.mkdtemp(prefix="minigpt-kernel-"))
+    write_config(run, limits.cell_timeout, kernel_sockets=runtime / "kernel")
     env = nbgrader_env({
         "MINIGPT_GRADE_PROTECT": os.pathsep.join(protect),
         "MINIGPT_GRADE_ALLOW": str(run / "autograded" / s.student / s.chapter),
         "PYTHONDONTWRITEBYTECODE": "1",
+        "JUPYTER_RUNTIME_DIR": str(runtime),
     })
     log_path = run / "nbgrader.log"
     start = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nbgrader", "autograde", s.chapter, "--student", s.student],
-            cwd=run, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_limit_child(limits.memory),
-        )
-        (run / "pid").write_text(str(proc.pid))
-        try:
-            proc.wait(timeout=limits.timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            kill_tree(proc)
-            (run / "pid").unlink(missing_ok=True)
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "nbgrader", "autograde", s.chapter, "--student", s.student],
+                cwd=run, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_limit_child(limits.memory),
+            )
+            (run / "pid").write_text(str(proc.pid))
+            try:
+                proc.wait(timeout=limits.timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                kill_tree(proc)
+                (run / "pid").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
     seconds = time.monotonic() - start
     text = log_path.read_text(errors="replace")
     if verbose:
@@ -851,7 +893,8 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
                         r = read_result(gb, ws.root, s.student, s.chapter)
                     graded.append(s)
                 else:
-                    r = Result(s.student, s.chapter, outcome.status, detail=outcome.detail)
+                    r = Result(s.student, s.chapter, outcome.status, detail=outcome.detail,
+                               log=str(ws.keep_log(s.student, s.chapter)))
                 r.review, r.seconds = notes, round(outcome.seconds, 1)
                 finish(s, r, digest)
                 shutil.rmtree(ws.run_dir(s.student, s.chapter), ignore_errors=True)

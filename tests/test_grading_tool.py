@@ -379,3 +379,67 @@ def test_limits_on_the_command_line(course, capsys):
         with pytest.raises(SystemExit) as exit_:
             grade.main([str(learner), "--course-root", str(course), flag, value])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp_path, monkeypatch):
+    """Grading kernels talk over Unix sockets in a folder of their run's own (parallel runs could be handed
+    the same TCP port). A run whose kernel never came up is no fault of the learner's: it runs once more. A
+    kernel that cannot start at all gets an error row, and its nbgrader log is kept."""
+    real_write_config = grade.write_config
+    starts = []
+
+    def sockets_in_a_missing_folder(root, cell_timeout=None, kernel_sockets=None):
+        if root.parent.parent.name != "work":  # the workspace's own course directory: no kernel
+            return real_write_config(root, cell_timeout, kernel_sockets)
+        starts.append(kernel_sockets)
+        assert kernel_sockets is not None and kernel_sockets.parent.is_dir(), "grading kernels use Unix sockets"
+        if len(starts) <= failing_starts:  # the kernel cannot bind its sockets there, and dies at once
+            kernel_sockets = tmp_path / "no-such-folder" / "kernel"
+        real_write_config(root, cell_timeout, kernel_sockets)
+
+    monkeypatch.setattr(grade, "write_config", sockets_in_a_missing_folder)
+    class_dir = _class_of(course, 1, "class-restart")
+    args = ["--class", str(class_dir), "--course-root", str(course), "--quiet", "--fresh"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        failing_starts = 1
+        assert grade.main([*args, "--workdir", str(tmp_path / "once"), "--json", str(tmp_path / "once.json")]) == 0
+        [r] = json.loads((tmp_path / "once.json").read_text())["results"]
+        assert (len(starts), r["status"], r["score"]) == (2, "graded", 3), r
+
+        starts.clear()
+        failing_starts = 2
+        assert grade.main([*args, "--workdir", str(tmp_path / "never"), "--json", str(tmp_path / "never.json")]) == 0
+    [r] = json.loads((tmp_path / "never.json").read_text())["results"]
+    assert (len(starts), r["status"]) == (2, "error"), r
+    assert "kernel died" in r["detail"]
+    assert "Kernel died before replying to kernel_info" in Path(r["log"]).read_text()
+    assert not list(tmp_path.glob("*/work/*/*")), "the run folders are removed; the log is under logs/"
+
+
+def test_leftover_runs_are_killed_only_if_they_are_still_grading(tmp_path):
+    """A pid file of an interrupted batch names nbgrader's process group; by the time the batch resumes the
+    number may be another process's. Only a process that is still nbgrader, in that run's folder, is killed."""
+    import subprocess
+
+    ws = grade.Workspace(tmp_path / "ws", ROOT)
+    runs = {name: ws.run_dir(name, "01-tokens") for name in ("ours", "stranger")}
+    for run in runs.values():
+        run.mkdir(parents=True)
+    # a run left behind: in its run folder, with nbgrader autograde on its command line, waiting on stdin
+    ours = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "nbgrader", "autograde"],
+                            cwd=runs["ours"], stdin=subprocess.PIPE, start_new_session=True)
+    # some other program that now has the number a pid file holds
+    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                cwd=tmp_path, stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        (runs["ours"] / "pid").write_text(str(ours.pid))
+        (runs["stranger"] / "pid").write_text(str(stranger.pid))
+        ws.stop_leftover_runs()
+        assert ours.wait(timeout=10) == -9
+        assert stranger.poll() is None, "a process that is not a grading run was killed"
+        assert not list(tmp_path.glob("ws/work/*/*/pid"))
+    finally:
+        for p in (ours, stranger):
+            p.kill()
+            p.wait()

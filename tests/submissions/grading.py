@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
@@ -30,6 +31,10 @@ def lost_cells(result: grade.Result) -> dict[str, str]:
 
 
 def summary(result: grade.Result) -> str:
+    """What a failing test prints of a result: its score and lost cells, or why it has no score."""
+    if result.status != "graded":
+        log = Path(result.log).read_text(errors="replace") if result.log and Path(result.log).is_file() else ""
+        return f"{result.status}: {result.detail}\n  nbgrader's log ends:\n{grade.log_tail(log, 25)}"
     return f"{result.score} / {result.max_score}:\n" + "\n".join(
         f"  {lp.grade_id}: {lp.message}" for lp in result.lost)
 
@@ -78,7 +83,8 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
 
     @slow
     def test_every_submission_is_graded(results):
-        assert {s: r.status for s, r in results.items() if r.status != "graded"} == {}
+        not_graded = {s: summary(r) for s, r in results.items() if r.status != "graded"}
+        assert not_graded == {}, "\n".join(f"{s}: {why}" for s, why in not_graded.items())
         assert {r.max_score for r in results.values()} == {results["reference"].max_score}
 
     @slow
@@ -105,6 +111,7 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
     @pytest.mark.parametrize("key", graded_mutants)
     def test_mistake_loses_points_in_the_cells_it_breaks_and_only_there(results, key):
         mutant, result = all_mutants[key], results[key]
+        assert result.status == "graded", f"{mutant.name}: {summary(result)}"
         assert result.score < result.max_score, f"{mutant.name}: full marks"
         assert set(lost_cells(result)) == set(mutant.lost), f"{mutant.name}: {summary(result)}"
         assert all(lp.score == 0 for lp in result.lost), summary(result)
@@ -113,6 +120,7 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
     @pytest.mark.parametrize("key", graded_mutants)
     def test_mistake_is_named_in_the_message(results, key):
         mutant, lost = all_mutants[key], lost_cells(results[key])
+        assert results[key].status == "graded", f"{mutant.name}: {summary(results[key])}"
         for grade_id, named in mutant.lost.items():
             assert named in lost.get(grade_id, ""), (
                 f"{mutant.name}: {grade_id} should say {named!r}: {lost.get(grade_id)}")
