@@ -53,6 +53,7 @@ DEFAULT_TIMEOUT = 900  # seconds for one notebook, start to end
 DEFAULT_MEMORY = "4G"  # address space of the grading processes (nbgrader and its kernel)
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HIDDEN_BLOCK = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.S | re.M)
+SOCKETS_PREFIX = "minigpt-kernel-"  # the temp folder of one run's kernel sockets
 # nbgrader's log when the kernel did not come up (it never ran a cell of the notebook)
 KERNEL_NEVER_STARTED = re.compile(r"Kernel died before replying to kernel_info|Kernel didn't respond in \d+ seconds")
 HIDDEN_NOTE = "# (hidden tests ran here; what they found is below)\n"
@@ -429,6 +430,11 @@ class Workspace:
             except (ValueError, OSError, psutil.Error):
                 pass
             pid_file.unlink(missing_ok=True)
+        for sockets_file in self.root.glob("work/*/*/sockets"):
+            folder = Path(sockets_file.read_text().strip())
+            if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(SOCKETS_PREFIX):
+                shutil.rmtree(folder, ignore_errors=True)
+            sockets_file.unlink()
 
     def released_grade_ids(self, chapter: str) -> dict[str, str]:
         """{grade_id: source} of the chapter's released notebook."""
@@ -547,7 +553,8 @@ def _run_once(ws: Workspace, s: Submission, limits: Limits, protect: list[str], 
     shutil.copyfile(ws.template / "gradebook.db", run / "gradebook.db")
     # The kernel's sockets are files in a short folder of this run's own (a Unix socket path has at most 107
     # bytes; the run folder can be deeper than that allows).
-    runtime = Path(tempfile.mkdtemp(prefix="minigpt-kernel-"))
+    runtime = Path(tempfile.mkdtemp(prefix=SOCKETS_PREFIX))
+    (run / "sockets").write_text(str(runtime))  # for stop_leftover_runs, should this process be killed
     write_config(run, limits.cell_timeout, kernel_sockets=runtime / "kernel")
     env = nbgrader_env({
         "MINIGPT_GRADE_PROTECT": os.pathsep.join(protect),

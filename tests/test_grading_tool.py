@@ -419,8 +419,10 @@ def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp
 
 def test_leftover_runs_are_killed_only_if_they_are_still_grading(tmp_path):
     """A pid file of an interrupted batch names nbgrader's process group; by the time the batch resumes the
-    number may be another process's. Only a process that is still nbgrader, in that run's folder, is killed."""
+    number may be another process's. Only a process that is still nbgrader, in that run's folder, is killed.
+    The temp folders of the killed runs' kernel sockets are removed."""
     import subprocess
+    import tempfile
 
     ws = grade.Workspace(tmp_path / "ws", ROOT)
     runs = {name: ws.run_dir(name, "01-tokens") for name in ("ours", "stranger")}
@@ -435,10 +437,16 @@ def test_leftover_runs_are_killed_only_if_they_are_still_grading(tmp_path):
     try:
         (runs["ours"] / "pid").write_text(str(ours.pid))
         (runs["stranger"] / "pid").write_text(str(stranger.pid))
+        sockets = Path(tempfile.mkdtemp(prefix=grade.SOCKETS_PREFIX))
+        (runs["ours"] / "sockets").write_text(str(sockets))
+        not_ours = tmp_path / f"{grade.SOCKETS_PREFIX}elsewhere"
+        not_ours.mkdir()
+        (runs["stranger"] / "sockets").write_text(str(not_ours))
         ws.stop_leftover_runs()
         assert ours.wait(timeout=10) == -9
         assert stranger.poll() is None, "a process that is not a grading run was killed"
-        assert not list(tmp_path.glob("ws/work/*/*/pid"))
+        assert not list(tmp_path.glob("ws/work/*/*/pid")) and not list(tmp_path.glob("ws/work/*/*/sockets"))
+        assert not sockets.exists() and not_ours.is_dir(), "only temp folders of grading sockets are removed"
     finally:
         for p in (ours, stranger):
             p.kill()
