@@ -529,6 +529,7 @@ class RunOutcome:
     status: str = "graded"
     detail: str = ""
     seconds: float = 0.0
+    kernel_never_started: bool = False  # no cell of the learner's ran: the run may be repeated
 
 
 def run_one(ws: Workspace, s: Submission, limits: Limits, protect: list[str], verbose: bool) -> RunOutcome:
@@ -536,8 +537,7 @@ def run_one(ws: Workspace, s: Submission, limits: Limits, protect: list[str], ve
     notebook folder, of everything in the workspace and the class. A run whose kernel never started (no cell
     of the learner's ran) is not the learner's doing: it is run once more."""
     outcome = _run_once(ws, s, limits, protect, verbose)
-    if outcome.status == "error" and KERNEL_NEVER_STARTED.search((ws.run_dir(s.student, s.chapter) / "nbgrader.log")
-                                                              .read_text(errors="replace")):
+    if outcome.kernel_never_started:
         first = outcome.seconds
         outcome = _run_once(ws, s, limits, protect, verbose)
         outcome.seconds += first
@@ -591,7 +591,8 @@ def _run_once(ws: Workspace, s: Submission, limits: Limits, protect: list[str], 
                           seconds)
     if autograded_path(run, s.student, s.chapter).is_file() and proc.returncode == 0:
         return RunOutcome(True, seconds=seconds)
-    return RunOutcome(False, "error", nbgrader_error(text), seconds)
+    return RunOutcome(False, "error", nbgrader_error(text), seconds,
+                      kernel_never_started=bool(KERNEL_NEVER_STARTED.search(text)))
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -926,6 +927,8 @@ def reuse(ws: Workspace, s: Submission, digest: str) -> Result | None:
     if saved.get("submission_sha256") != digest or saved.get("source") != ws.sources[s.chapter]:
         return None
     r = Result.from_dict(saved["result"])
+    if r.status in ("timeout", "error"):  # no score: run it again (what stopped it may have been the machine)
+        return None
     if r.status == "graded" and not autograded_path(ws.root, s.student, s.chapter).is_file():
         return None
     r.reused, r.seconds = True, None
@@ -949,7 +952,7 @@ def format_table(results: list[Result]) -> str:
             + lp.message.replace("\n", "\n      ")
             for lp in r.lost
         ] + [f"    error in {e}".replace("\n", "\n      ") for e in r.cell_errors] + [
-            f"    review: {note}" for note in r.review]
+            f"    review: {note}" for note in r.review] + ([f"    nbgrader's log: {r.log}"] if r.log else [])
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = []
     for i, row in enumerate(rows):

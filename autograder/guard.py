@@ -66,7 +66,6 @@ class Guard:
         import minigpt
 
         self.chapter, self.blocked = chapter, frozenset(blocked)
-        self.protected = tuple(sorted({os.path.realpath(p) for p in protected}))
         self.allowed = tuple(sorted({os.path.realpath(p) for p in allowed}))
         here = os.path.realpath(Path(__file__).parent)
         reference = os.path.realpath(Path(minigpt.__file__).parent)
@@ -75,7 +74,7 @@ class Guard:
         for name in blocked:
             source = os.path.join(reference, name.split(".", 1)[1] + ".py")
             self.reference_files[source] = self.reference_files[importlib.util.cache_from_source(source)] = name
-        self.protected = tuple(sorted(set(self.protected) | set(self.reference_files)))
+        self.protected = tuple(sorted({os.path.realpath(p) for p in protected} | set(self.reference_files)))
         self.library = _library_prefixes()
 
     def refusal(self, module: str) -> str:

@@ -385,36 +385,39 @@ def test_limits_on_the_command_line(course, capsys):
 def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp_path, monkeypatch):
     """Grading kernels talk over Unix sockets in a folder of their run's own (parallel runs could be handed
     the same TCP port). A run whose kernel never came up is no fault of the learner's: it runs once more. A
-    kernel that cannot start at all gets an error row, and its nbgrader log is kept."""
+    kernel that cannot start at all gets an error row with nbgrader's log kept, and the next batch tries that
+    submission again instead of reusing the error."""
     real_write_config = grade.write_config
     starts = []
 
     def sockets_in_a_missing_folder(root, cell_timeout=None, kernel_sockets=None):
-        if root.parent.parent.name != "work":  # the workspace's own course directory: no kernel
-            return real_write_config(root, cell_timeout, kernel_sockets)
-        starts.append(kernel_sockets)
-        assert kernel_sockets is not None and kernel_sockets.parent.is_dir(), "grading kernels use Unix sockets"
-        if len(starts) <= failing_starts:  # the kernel cannot bind its sockets there, and dies at once
-            kernel_sockets = tmp_path / "no-such-folder" / "kernel"
+        if kernel_sockets is not None:  # a grading run (the workspace's own course directories start no kernel)
+            starts.append(kernel_sockets)
+            if len(starts) <= failing_starts:  # the kernel cannot bind its sockets there, and dies at once
+                kernel_sockets = tmp_path / "no-such-folder" / "kernel"
         real_write_config(root, cell_timeout, kernel_sockets)
 
     monkeypatch.setattr(grade, "write_config", sockets_in_a_missing_folder)
     class_dir = _class_of(course, 1, "class-restart")
-    args = ["--class", str(class_dir), "--course-root", str(course), "--quiet", "--fresh"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        failing_starts = 1
-        assert grade.main([*args, "--workdir", str(tmp_path / "once"), "--json", str(tmp_path / "once.json")]) == 0
-        [r] = json.loads((tmp_path / "once.json").read_text())["results"]
-        assert (len(starts), r["status"], r["score"]) == (2, "graded", 3), r
-
-        starts.clear()
-        failing_starts = 2
-        assert grade.main([*args, "--workdir", str(tmp_path / "never"), "--json", str(tmp_path / "never.json")]) == 0
-    [r] = json.loads((tmp_path / "never.json").read_text())["results"]
+    out = tmp_path / "results.json"
+    args = ["--class", str(class_dir), "--course-root", str(course), "--workdir", str(tmp_path / "ws"),
+            "--quiet", "--json", str(out)]
+    failing_starts = 2
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        assert grade.main(args) == 0
+    [r] = json.loads(out.read_text())["results"]
     assert (len(starts), r["status"]) == (2, "error"), r
     assert "kernel died" in r["detail"]
     assert "Kernel died before replying to kernel_info" in Path(r["log"]).read_text()
-    assert not list(tmp_path.glob("*/work/*/*")), "the run folders are removed; the log is under logs/"
+    assert f"nbgrader's log: {r['log']}" in table.getvalue()
+    assert not list(tmp_path.glob("ws/work/*/*")), "the run folders are removed; the log is under logs/"
+
+    starts.clear()
+    failing_starts = 1
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grade.main(args) == 0
+    [r] = json.loads(out.read_text())["results"]
+    assert (len(starts), r["status"], r["score"], r["reused"]) == (2, "graded", 3, False), r
 
 
 def test_leftover_runs_are_killed_only_if_they_are_still_grading(tmp_path):
