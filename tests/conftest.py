@@ -25,11 +25,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture
 def torch_one_thread():
-    """One torch thread for the test: the course's models and tensors are tiny, and a second thread only adds
-    waiting, a lot of it on a busy machine."""
-    import torch
+    """One torch thread for the test (the course's models and tensors are tiny, and a second thread only adds
+    waiting, a lot of it on a busy machine), and torch's random state given back afterwards."""
+    from coursekit.testing import isolated
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with isolated():
+        yield

@@ -15,11 +15,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, expect_raises, fail, one_thread
+from coursekit.testing import call, expect_raises, fail, isolated
 
 ATOL = 1e-5
-
-
 
 
 def _randn(*shape, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -78,7 +76,7 @@ def _mask_label(t_q, t_k) -> str:
     return f"causal_mask({t_q})" if t_k is None else f"causal_mask({t_q}, {t_k})"
 
 
-@one_thread
+@isolated()
 def check_causal_mask(causal_mask):
     for t_q, t_k_arg in MASK_CASES:
         t_k = t_q if t_k_arg is None else t_k_arg
@@ -180,7 +178,7 @@ def _without_torch_softmax():
         torch.softmax, F.softmax, torch.Tensor.softmax = saved
 
 
-@one_thread
+@isolated()
 def check_softmax(softmax):
     for x, dim in _softmax_cases():
         d = -1 if dim is None else dim
@@ -303,7 +301,7 @@ def _attention_label(q, k, v, mask, what) -> str:
     return f"attention({shapes}, mask={'None' if mask is None else tuple(mask.shape)}) [{what}]"
 
 
-@one_thread
+@isolated()
 def check_attention(attention):
     for q, k, v, mask, what in _attention_cases():
         label = _attention_label(q, k, v, mask, what)
@@ -413,7 +411,7 @@ def _oracle_layer(layer, x, n_head):
     return y.transpose(0, 1)
 
 
-@one_thread
+@isolated()
 def check_causal_self_attention(CausalSelfAttention):
     for n, (C, H, B, T) in enumerate(LAYER_CASES):
         layer = _layer(CausalSelfAttention, C, H, seed=70 + n)

@@ -13,7 +13,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, fail, show
+from coursekit.testing import call, fail, isolated, not_written, show
 
 
 def _ids(shape: tuple[int, ...], vocab_size: int, seed: int, dtype=torch.long) -> torch.Tensor:
@@ -77,8 +77,8 @@ def _expect_value_error(label: str, fn, name: str = "", hint: str = "", wrong_an
     pairs naming what the learner's function did instead of raising."""
     try:
         got = fn()
-    except NotImplementedError:
-        fail(f"{label}: not written yet (it still raises NotImplementedError)")
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
     except ValueError as err:
         if name and name not in str(err):
             fail(f"{label} raised ValueError({str(err)!r}); its message should name the bad id {name}", hint)
@@ -87,8 +87,6 @@ def _expect_value_error(label: str, fn, name: str = "", hint: str = "", wrong_an
         fail(f"{label} raised {type(err).__name__}: {err}; expected ValueError", hint)
     why = next((w for candidate, w in wrong_answers if isinstance(got, torch.Tensor) and _matches(got, candidate)), "")
     fail(f"{label} returned a {_what(got)} instead of raising ValueError" + (f": {why}" if why else ""), hint)
-
-
 
 
 def _what(got) -> str:
@@ -105,6 +103,7 @@ CHECK_IDS_HINT = "call check_ids(ids, vocab_size) first: it raises ValueError na
 ONE_HOT_CASES = [((6,), 11), ((3, 5), 17), ((2, 3, 4), 9), ((1, 1), 4), ((1,), 1), ((2, 7), 2000)]
 
 
+@isolated()
 def check_one_hot(one_hot):
     for k, (shape, V) in enumerate(ONE_HOT_CASES):
         ids = _ids(shape, V - 2 if k == 0 else V, seed=10 + k)
@@ -142,6 +141,7 @@ LOOKUP_CASES = [((5,), torch.long, 13, 3), ((2, 6), torch.long, 20, 4), ((2, 2, 
                 ((1, 1), torch.long, 3, 2), ((4, 3), torch.int32, 50, 6), ((3, 8), torch.long, 50257, 4)]
 
 
+@isolated()
 def check_embedding_lookup(embedding_lookup):
     for k, (shape, dtype, V, C) in enumerate(LOOKUP_CASES):
         table = _table(V, C, seed=20 + k)
@@ -251,6 +251,7 @@ def _embeddings_mistakes(wte, wpe, idx, offset):
     ]
 
 
+@isolated()
 def check_embeddings(Embeddings):
     for k, ((V, block, C), calls) in enumerate(EMBEDDINGS_CASES):
         emb = _embeddings(Embeddings, V, block, C, seed=60 + 2 * k)
@@ -276,8 +277,8 @@ def _forward(emb, idx, offset, V, block, C):
     label = _forward_label(idx, offset, V, block, C)
     try:
         return emb(idx, offset=offset) if offset else emb(idx)
-    except NotImplementedError:
-        fail(f"{label}: not written yet (it still raises NotImplementedError)")
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
     except ValueError as err:
         T = idx.shape[1]
         hint = ""

@@ -25,7 +25,7 @@ import torch
 
 import coursekit
 from autograder.checks import Shape
-from coursekit.testing import call, fail, one_thread, quiet_transformers, show
+from coursekit.testing import call, fail, isolated, quiet_transformers, show
 from minigpt.transformer import GPT, GPTConfig
 
 CHAPTER = "chapter 5 (the generation loop)"
@@ -133,7 +133,7 @@ WINDOW_MISTAKES = [
 ]
 
 
-@one_thread
+@isolated()
 def check_last_logits(last_logits):
     for shape, length in LAST_LOGITS_CASES:
         hf, model = _models(shape)
@@ -250,7 +250,7 @@ def _loop_case(case: LoopCase):
     return hf, model, prompt, eos, choose, want
 
 
-@one_thread
+@isolated()
 def check_token_stream(token_stream):
     for case in LOOP_CASES:
         hf, model, prompt, eos, choose, want = _loop_case(case)
@@ -405,7 +405,7 @@ HELD_BACK_MISTAKES = [
 ]
 
 
-@one_thread
+@isolated()
 def check_stop_strings(find_stop, held_back):
     for text, stops in FIND_STOP_CASES:
         got = call(find_stop, text, stops, name="find_stop")
@@ -525,7 +525,7 @@ def expected_stream(script: list[int], stops: list[str], eos_ids: set[int], max_
     return Expected(ids, enc.decode(ids), "length")
 
 
-@one_thread
+@isolated()
 def check_text_stream(TextStream):
     enc = _encoding()
     eos_default = {enc.encode(END, allowed_special="all")[0]}

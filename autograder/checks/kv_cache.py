@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import Shape
-from coursekit.testing import fail, one_thread, show
+from coursekit.testing import call, fail, isolated, not_written, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
@@ -44,26 +44,6 @@ FIX_ATTENTION = "fix attention_with_cache first (test_attention_with_cache)"
 FIX_FORWARD = "fix forward_with_cache first (test_forward_with_cache)"
 BUILT_ON = ("CachedModel runs on your forward_with_cache, attention_with_cache and KVCache: if one of their tests "
             "fails, fix that first")
-
-
-def _not_written(label: str, err: NotImplementedError) -> str:
-    """"not written yet", naming the function that raised: attention_with_cache may be written and the
-    KVCache.append it calls not."""
-    tb = err.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return f"{label}: not written yet ({tb.tb_frame.f_code.co_qualname} still raises NotImplementedError)"
-
-
-def _run(label: str, fn, *args, hint: str = "", **kwargs):
-    """Run the learner's code; "not written yet" and crashes become messages that start with ``label``."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as err:
-        raise AssertionError(_not_written(label, err)) from None
-    except Exception as err:  # the learner's bug, reported with the call that triggered it
-        raise AssertionError(f"{label} raised {type(err).__name__}: {err}" + (f"\nHint: {hint}" if hint else "")) \
-            from err
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -201,8 +181,8 @@ def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
     def kv(t):
         return torch.randn(B, H, t, D, generator=g), torch.randn(B, H, t, D, generator=g)
 
-    cache = _run("KVCache(n_layer=3)", KVCache, 3)
-    length = _run("KVCache(3).length", lambda: cache.length)
+    cache = call(KVCache, 3, label="KVCache(n_layer=3)")
+    length = call(lambda: cache.length, label="KVCache(3).length")
     if length != 0:
         return f"an empty KVCache(3) has length {show(length)}, expected 0", "nothing is stored yet"
     stored = {0: [], 1: []}
@@ -213,7 +193,7 @@ def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
         before = [x.clone() for x in (k_new, v_new)]
         label = (f"KVCache.append(layer={layer}, k, v) with k, v of shape {(B, H, t, D)}, after appending "
                  f"{[s[0].shape[2] for s in stored[layer]]} positions to layer {layer}")
-        got = _run(label, cache.append, layer, k_new, v_new,
+        got = call(cache.append, layer, k_new, v_new, label=label,
                    hint="concatenate along dim 2, the time dimension of (B, n_head, T, head_size): other dims "
                         "must match, and only T differs between the old and the new positions"
                    if stored[layer] else "")
@@ -229,7 +209,7 @@ def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
         k, v = got
         if torch.equal(k, want_k) and torch.equal(v, want_v):
             n = sum(s[0].shape[2] for s in stored[0])
-            length = _run("KVCache.length", lambda: cache.length)
+            length = call(lambda: cache.length, label="KVCache.length")
             if length != n:
                 return (f"after appending {n} positions to layer 0, KVCache.length is {show(length)}",
                         "length counts the positions stored (in layer 0), not the appends or the layers")
@@ -268,7 +248,7 @@ def _append_hint(k, v, k_new, v_new, old_k, old_v, want_k, want_v) -> str:
     return "append stores the layer's old and new positions, along dim 2, and returns them all"
 
 
-@one_thread
+@isolated()
 def check_kv_cache(KVCache):
     problem = _kv_cache_problem(KVCache)
     if problem:
@@ -333,7 +313,7 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
             with torch.no_grad():
                 out = attention_with_cache(attn, x, cache, 0)
         except NotImplementedError as err:
-            raise AssertionError(_not_written(label, err)) from None
+            raise not_written(label, err) from None
         except Exception as err:  # noqa: BLE001 (reported below, with the chunk that caused it)
             return outs, j, f"{type(err).__name__}: {err}"
         outs.append(out)
@@ -349,16 +329,16 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
     return outs, None, ""
 
 
-@one_thread
+@isolated()
 def check_attention_with_cache(attention_with_cache, KVCache):
     for case, (n_embd, n_head, B, chunks) in enumerate(ATTENTION_CASES):
         attn, xs, want = _attention_chunks(n_embd, n_head, B, chunks, seed=710 + case)
         label = f"attention_with_cache(<CausalSelfAttention(n_embd={n_embd}, n_head={n_head})>, x, cache, 0)"
-        cache = _run("KVCache(n_layer=1)", KVCache, 1)
+        cache = call(KVCache, 1, label="KVCache(n_layer=1)")
         outs, crashed, error = _attention_run(attention_with_cache, attn, xs, cache, label)
         wrong = _first_wrong(outs, want)
         if crashed is None and wrong is None:
-            length = _run("KVCache.length", lambda: cache.length)
+            length = call(lambda: cache.length, label="KVCache.length")
             if length != sum(chunks):
                 fail(f"after {label} on chunks of {chunks} new positions, cache.length is {show(length)}, expected "
                      f"{sum(chunks)}", "append every new position's key and value to the cache")
@@ -416,7 +396,7 @@ FORWARD_MISTAKES = [
 ]
 
 
-@one_thread
+@isolated()
 def check_forward_with_cache(forward_with_cache, KVCache):
     for shape, B, chunks in FORWARD_CASES:
         model = _models(shape)
@@ -428,14 +408,14 @@ def check_forward_with_cache(forward_with_cache, KVCache):
         parts = [idx[:, a:b] for a, b in zip(bounds, bounds[1:])]
         label = (f"forward_with_cache(<GPT n_layer={cfg.n_layer}, n_head={cfg.n_head}, block_size={cfg.block_size}>, "
                  f"idx, cache) on a batch of {B}, fed chunks of {chunks} tokens")
-        cache = _run("KVCache(n_layer)", KVCache, cfg.n_layer)
+        cache = call(KVCache, cfg.n_layer, label="KVCache(n_layer)")
         outs = []
         for j, part in enumerate(parts):
             where = f"{label}: chunk {j + 1} ({part.shape[1]} new, {bounds[j]} cached)"
             try:
                 got = forward_with_cache(model, part, cache)
             except NotImplementedError as err:
-                fail(_not_written(where, err))
+                raise not_written(where, err) from None
             except Exception as err:  # noqa: BLE001 (the learner's bug, reported with the call that caused it)
                 fail(f"{where} raised {type(err).__name__}: {err}", _forward_crash_hint(str(err), KVCache, j,
                                                                                        part.shape[1]))
@@ -460,7 +440,7 @@ def check_forward_with_cache(forward_with_cache, KVCache):
                         "check the positions (offset=cache.length) and that block i uses layer i of the cache"
                 fail(f"{where}: the logits differ from the uncached model's on the whole sequence by up to "
                      f"{_diff(got, want):.2e}", hint)
-            length = _run("KVCache.length", lambda: cache.length)
+            length = call(lambda: cache.length, label="KVCache.length")
             if length != bounds[j + 1]:
                 fail(f"{where}: afterwards cache.length is {show(length)}, expected {bounds[j + 1]}",
                      "every block appends the new positions' keys and values to its own layer of the cache")
@@ -505,7 +485,8 @@ def _counting(model):
 
 
 def _wrap(CachedModel, model, label, **kwargs):
-    cm = _run(f"CachedModel(<GPT>{''.join(f', {k}={v}' for k, v in kwargs.items())})", CachedModel, model, **kwargs)
+    cm = call(CachedModel, model, **kwargs,
+              label=f"CachedModel(<GPT>{''.join(f', {k}={v}' for k, v in kwargs.items())})")
     if getattr(getattr(cm, "config", None), "block_size", None) != model.config.block_size:
         fail(f"{label}: CachedModel(model).config is not the model's config",
              "the loops of chapters 5 and 6 read model.config.block_size: keep self.config = model.config")
@@ -525,7 +506,7 @@ def _probe(cm, model, ids: list[int], label: str, candidates=(), decode: bool = 
     being "gave the logits after those ids". The mistakes of forward_with_cache are named too, on a prefill of
     ids or, if ``decode``, a prefill of ids[:-1] and a decode step."""
     with _counting(model) as positions:
-        got = _last_row(_run(label, cm, torch.tensor([ids]), hint=BUILT_ON), label, model.config.vocab_size)
+        got = _last_row(call(cm, torch.tensor([ids]), label=label, hint=BUILT_ON), label, model.config.vocab_size)
     want = _plain_last(model, ids)
     if _close(got, want):
         return positions[0]
@@ -613,7 +594,7 @@ def _check_window(CachedModel, model, prompt) -> None:
                 "tokens moves by one token every step, and every token sits at a new position (GPT-2's positions "
                 "are absolute): every cached key and value is stale. Prefill the new window from scratch (its "
                 "ids[:-1] is not a cached sequence)") if slid else ""
-        got = _last_row(_run(label, cm, torch.tensor([window]), hint=hint), label, model.config.vocab_size)
+        got = _last_row(call(cm, torch.tensor([window]), label=label, hint=hint), label, model.config.vocab_size)
         want = _plain_last(model, window)
         if not _close(got, want):
             fail(f"{label}: the last row of the logits differs from the uncached model's by up to "
@@ -641,21 +622,22 @@ def _check_loops(CachedModel, model, prompt, other) -> None:
     label = f"<GPT with block_size={block}>, a prompt of {len(prompt)} ids, {n} new tokens"
     want = list(token_stream(model, prompt, n))
     cm = _wrap(CachedModel, model, "CachedModel")
-    got = _run(f"token_stream(CachedModel({label}))", lambda: list(token_stream(cm, prompt, n)))
+    got = call(lambda: list(token_stream(cm, prompt, n)), label=f"token_stream(CachedModel({label}))")
     if got != want:
         fail(f"greedy token_stream with CachedModel({label}) gave {show(got)}; without the cache {show(want)}",
              _first_difference(got, want, len(prompt), block))
     want = list(token_stream(model, other, n))
-    got = _run("token_stream(<the same CachedModel>, another prompt)", lambda: list(token_stream(cm, other, n)))
+    got = call(lambda: list(token_stream(cm, other, n)),
+               label="token_stream(<the same CachedModel>, another prompt)")
     if got != want:
         fail(f"greedy token_stream with the same CachedModel on a second prompt gave {show(got)}; without the cache "
              f"{show(want)}", "a stale cache of the first prompt was reused: a cache is reused only for ids whose "
                               "ids[:-1] it holds exactly")
     for seed in (3, 4):
         want = list(token_stream(model, prompt, n, choose=Sampler(do_sample=True, seed=seed, top_k=20)))
-        got = _run("token_stream(CachedModel(...), choose=Sampler(do_sample=True, ...))",
-                   lambda: list(token_stream(CachedModel(model), prompt, n,
-                                             choose=Sampler(do_sample=True, seed=seed, top_k=20))))
+        got = call(lambda: list(token_stream(CachedModel(model), prompt, n,
+                                             choose=Sampler(do_sample=True, seed=seed, top_k=20))),
+                   label="token_stream(CachedModel(...), choose=Sampler(do_sample=True, ...))")
         if got != want:
             fail(f"seeded sampling (Sampler(do_sample=True, seed={seed}, top_k=20)) with CachedModel({label}) gave "
                  f"{show(got)}; without the cache {show(want)}", _first_difference(got, want, len(prompt), block))
@@ -663,7 +645,8 @@ def _check_loops(CachedModel, model, prompt, other) -> None:
         want = beam_search(model, prompt, steps, num_beams=num_beams)
         label = f"beam_search(CachedModel(<GPT>, max_entries={entries}), <{len(prompt)} ids>, {steps}, " \
                 f"num_beams={num_beams})"
-        got = _run(label, beam_search, CachedModel(model, max_entries=entries), prompt, steps, num_beams=num_beams)
+        got = call(beam_search, CachedModel(model, max_entries=entries), prompt, steps, label=label,
+                   num_beams=num_beams)
         if got != want:
             fail(f"{label} gave {show(got)}; without the cache {show(want)}",
                  "beams: each beam must continue the cache of its own history (the cache follows the beams as "
@@ -678,7 +661,7 @@ def _first_difference(got, want, prompt_len, block) -> str:
     return f"the tokens differ from step {k + 1} on"
 
 
-@one_thread
+@isolated()
 def check_cached_model(CachedModel):
     for shape, prompt_len in (("a", 5), ("b", 3)):
         model = _models(shape)
@@ -730,7 +713,7 @@ def _bytes_mistakes(c, tokens, b):
     ]
 
 
-@one_thread
+@isolated()
 def check_kv_cache_bytes(kv_cache_bytes):
     cases = [(c, t, b, _measured_bytes(c, t, dtype), " (what a cache of those positions holds)")
              for c, t, b, dtype in BYTES_CASES]
@@ -738,7 +721,7 @@ def check_kv_cache_bytes(kv_cache_bytes):
     for config, tokens, b, want, source in cases:
         label = (f"kv_cache_bytes(GPTConfig(n_layer={config.n_layer}, n_head={config.n_head}, n_embd={config.n_embd}, "
                  f"block_size={config.block_size}), {tokens}, bytes_per_number={b})")
-        got = _run(label, kv_cache_bytes, config, tokens, bytes_per_number=b)
+        got = call(kv_cache_bytes, config, tokens, label=label, bytes_per_number=b)
         if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
             hint = next((why for value, why in _bytes_mistakes(config, tokens, b) if got == value), "")
             fail(f"{label} returned {show(got)}, expected {want:,}{source}", hint)

@@ -24,7 +24,7 @@ import tempfile
 
 import torch
 
-from coursekit.testing import call, fail, one_thread, quiet_transformers, show
+from coursekit.testing import call, fail, isolated, not_written, quiet_transformers, show
 
 NEG_INF = float("-inf")
 ATOL = 1e-6
@@ -141,8 +141,8 @@ def _mask_value_hint(got: torch.Tensor, want: torch.Tensor) -> str:
 def _value_error(fn, args: tuple, label: str, hint: str):
     try:
         got = fn(*args)
-    except NotImplementedError:
-        fail(f"{label}: not written yet (it still raises NotImplementedError)")
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
     except ValueError:
         return
     except Exception as err:  # noqa: BLE001
@@ -170,7 +170,7 @@ def _logits(shape, scale: float = 2.0, removed: float = 0.0, step: float = 0.0) 
 AFTER_SOFTMAX = ("you applied the temperature after the softmax: it divides the logits, before any softmax (and the "
                  "function returns logits, not probabilities)")
 
-@one_thread
+@isolated()
 def check_temperature(apply_temperature):
     from transformers import TemperatureLogitsWarper
     with _seeded(6001):
@@ -210,7 +210,7 @@ def _keep_at_least(z: torch.Tensor, kth: torch.Tensor, strict: bool = False) -> 
     return z.masked_fill(z <= kth if strict else z < kth, NEG_INF)
 
 
-@one_thread
+@isolated()
 def check_top_k(top_k_filter):
     from transformers import TopKLogitsWarper
     with _seeded(6002):
@@ -312,7 +312,7 @@ def _top_p_mistakes(z: torch.Tensor, p: float):
     ]
 
 
-@one_thread
+@isolated()
 def check_top_p(top_p_filter):
     from transformers import TopPLogitsWarper
     with _seeded(6003):
@@ -338,7 +338,7 @@ def _min_p_is_clear(row: torch.Tensor, p: float) -> bool:
     return p == 0.0 or bool((gap[q != q.max()] > MARGIN * q.max()).all())
 
 
-@one_thread
+@isolated()
 def check_min_p(min_p_filter):
     from transformers import MinPLogitsWarper
     with _seeded(6004):
@@ -400,7 +400,7 @@ def _penalise_each_time(z, ids, f):
     return out
 
 
-@one_thread
+@isolated()
 def check_repetition_penalty(apply_repetition_penalty):
     from transformers import RepetitionPenaltyLogitsProcessor
     cases = [(z, ids, penalty) for z, ids in _rows_of_ids() for penalty in (1.3, 0.7, 2.0)]
@@ -443,7 +443,7 @@ def _openai(z, ids, start, presence, frequency, flat=lambda c: (c > 0).double(),
     return (z.double() + sign * (presence * flat(c) + frequency * c)).to(z.dtype)
 
 
-@one_thread
+@isolated()
 def check_presence_frequency(apply_presence_frequency_penalty):
     (z, ids), (one_z, one_ids), _ = _rows_of_ids()
     ids = ids.clone()
@@ -489,7 +489,7 @@ def _ngram_bans(z, ids, n, windows_end: int = 0, first_only: bool = False):
     return out
 
 
-@one_thread
+@isolated()
 def check_no_repeat_ngram(ban_repeated_ngrams):
     from transformers import NoRepeatNGramLogitsProcessor
     with _seeded(6006):
@@ -559,7 +559,7 @@ def _draw(sample_from_logits, logits, seed, label):
     return got
 
 
-@one_thread
+@isolated()
 def check_sample(sample_from_logits):
     logits = torch.tensor([1.2, -0.4, NEG_INF, 0.3, 2.0, -1.5, 0.9, NEG_INF, 0.0, -0.8])
     probs = logits.double().softmax(-1)
@@ -770,7 +770,7 @@ def _beam_label(prompt, n, beams, lp, eos) -> str:
             f"eos_ids={eos})")
 
 
-@one_thread
+@isolated()
 def check_beam_search(beam_search):
     answers = []
     for case in BEAM_CASES:

@@ -25,7 +25,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, fail, quiet_transformers
+from coursekit.testing import call, fail, isolated, quiet_transformers
 
 # float32 throughout; logits to 1e-4 as the notebook's visible test asks.
 ATOL = 1e-5
@@ -127,6 +127,7 @@ def _ln_mistakes(x, w, b, eps):
     return mistakes
 
 
+@isolated()
 def check_layer_norm(LayerNorm):
     for k, (C, eps, shape, scale, offset) in enumerate(LN_CASES):
         with _seeded(400 + k):
@@ -179,6 +180,7 @@ def _gelu_mistakes(x):
     ]
 
 
+@isolated()
 def check_gelu(gelu):
     with _seeded(410):
         inputs = [torch.linspace(-8.0, 8.0, 1601), torch.randn(3, 4, 5) * 3, torch.tensor([0.0, -1e-3, 1e-3]),
@@ -225,6 +227,7 @@ def _mlp_mistakes(mlp, x):
 MLP_CASES = [(4, (2, 3, 4)), (24, (1, 1, 24)), (10, (5, 10))]
 
 
+@isolated()
 def check_mlp(MLP):
     for k, (C, shape) in enumerate(MLP_CASES):
         with _seeded(420 + k):
@@ -361,6 +364,7 @@ def _load(module, state_dict, name: str) -> None:
              "keep GPT-2's names and shapes (ln_1, attn, ln_2, mlp with c_fc and c_proj), as given")
 
 
+@isolated()
 def check_block(Block, GPTConfig):
     with quiet_transformers():
         _check_block(Block, GPTConfig)
@@ -541,6 +545,7 @@ def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
          "Face", "the logits must come from lm_head, which is tied to the token table emb.wte")
 
 
+@isolated()
 def check_gpt(GPT, GPTConfig):
     with quiet_transformers():
         for k, config_args in enumerate(GPT_CONFIGS):

@@ -6,7 +6,6 @@ A failed check says what was called, what came back, what was expected and, wher
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 
 import reprlib
@@ -31,6 +30,16 @@ def describe_call(name: str, args=(), kwargs=None) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+def not_written(label: str, err: NotImplementedError) -> AssertionError:
+    """The failure for a call that reached a stub: "not written yet", naming the function that still raises (a
+    method may be written and a helper it calls not)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_qualname if tb is not None else "it"
+    return AssertionError(f"{label}: not written yet ({where} still raises NotImplementedError)")
+
+
 def call(fn, *args, name: str | None = None, label: str | None = None, hint: str = "", **kwargs):
     """Call a learner's function; turn "not written yet" and crashes into messages that name the call.
 
@@ -39,8 +48,8 @@ def call(fn, *args, name: str | None = None, label: str | None = None, hint: str
     label = label or describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
     try:
         return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
     except Exception as err:  # the learner's bug, reported with the call that triggered it
         raise AssertionError(f"{label} raised {type(err).__name__}: {err}" + (f"\nHint: {hint}" if hint else "")) \
             from err
@@ -62,8 +71,8 @@ def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: st
     label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
     try:
         got = fn(*args, **kwargs)
-    except NotImplementedError:
-        raise AssertionError(f"{label}: not written yet (it still raises NotImplementedError)") from None
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
     except exc_type as err:
         if match and match not in str(err):
             fail(f"{label} raised {type(err).__name__}({str(err)!r}), whose message should mention {match!r}", hint)
@@ -77,20 +86,21 @@ def fail(message: str, hint: str = ""):
     raise AssertionError(message + (f"\nHint: {hint}" if hint else ""))
 
 
-def one_thread(fn):
-    """Run ``fn`` on one CPU thread, and give the caller's setting back afterwards. The course's tensors are small:
-    on a busy machine, torch's threads mostly wait on each other (several times slower)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        import torch
+@contextlib.contextmanager
+def isolated():
+    """Run a check (``@isolated()``) or a block (``with isolated():``) on one CPU thread, with torch's random
+    generator forked: afterwards the caller's thread setting and random state are as they were. A check runs in
+    the learner's kernel, between the learner's cells, and must change nothing they compute next; and the
+    course's tensors are small: on a busy machine, torch's threads mostly wait on each other."""
+    import torch
 
-        threads = torch.get_num_threads()
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
         torch.set_num_threads(1)
         try:
-            return fn(*args, **kwargs)
+            yield
         finally:
             torch.set_num_threads(threads)
-    return run
 
 
 @contextlib.contextmanager

@@ -108,21 +108,28 @@ def learner_notebook(chapter: str, cells: dict[str, str] | None = None) -> nbfor
     return nb
 
 
+@functools.cache
 def hidden_tests(chapter: str) -> dict[str, str]:
     """{grade_id: the hidden part} of the chapter's test cells, from the instructor notebook."""
     return {_grade_id(cell): HIDDEN_TESTS.search(cell.source).group(1)
             for cell in _read("solutions", chapter).cells if cell.metadata.get("nbgrader", {}).get("grade")}
 
 
-def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
-    """Grade without nbgrader: run the learner notebook's own cells (imports, given code, solution cells filled
-    with `cells`) in this process, then each test cell's hidden part as the grader does; {grade_id: message}
-    of those that fail."""
+def learner_namespace(chapter: str, cells: dict[str, str]) -> dict:
+    """The globals of the learner notebook after its own cells ran in this process (imports, given code,
+    solution cells filled with `cells`): what the hidden tests see."""
     namespace: dict = {}
     for cell in learner_notebook(chapter, cells).cells:
         nbgrader = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and nbgrader.get("grade_id") and not nbgrader.get("grade"):
             exec(compile(cell.source, f"<{chapter} {nbgrader['grade_id']}>", "exec"), namespace)
+    return namespace
+
+
+def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
+    """Grade without nbgrader: the learner notebook's own cells (`learner_namespace`), then each test cell's
+    hidden part as the grader does; {grade_id: message} of those that fail."""
+    namespace = learner_namespace(chapter, cells)
     failed = {}
     for grade_id, source in hidden_tests(chapter).items():
         try:
