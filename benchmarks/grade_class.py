@@ -27,23 +27,27 @@ from submissions import ch01_tokens as ch  # noqa: E402
 
 
 def mixed_class(folder: Path, count: int) -> dict[str, str]:
-    """{student: kind} for ``count`` submissions written under ``folder``."""
+    """{student: kind} for ``count`` submissions written under ``folder``: correct, wrong and hostile ones in
+    turn (so a small class has each kind), then more correct ones once the others run out."""
     import nbformat
 
-    notebooks: dict[str, tuple[str, str]] = {}
-    for h in hostile.HOSTILE:
-        notebooks[h.key] = ("hostile", h.build())
-    for m in ch.MUTANTS:
-        notebooks[f"wrong-{m.key}"] = ("wrong", nbformat.writes(learner_notebook(ch.CHAPTER, apply_edits(ch.CHAPTER, m.edits))))
-    for v in ch.VARIANTS:
-        notebooks[f"variant-{v.key}"] = ("correct", nbformat.writes(
-            learner_notebook(ch.CHAPTER, apply_edits(ch.CHAPTER, v.edits, v.cells))))
-    notebooks["untouched"] = ("wrong", hostile.untouched_text())
-    i = 0
-    while len(notebooks) < count:
-        notebooks[f"right-{i:02d}"] = ("correct", hostile.reference_text())
-        i += 1
-    chosen = dict(list(notebooks.items())[:count])
+    def variant(v):
+        return nbformat.writes(learner_notebook(ch.CHAPTER, apply_edits(ch.CHAPTER, v.edits, v.cells)))
+
+    kinds = {
+        "correct": [("right-00", hostile.reference_text())] + [(f"variant-{v.key}", variant(v)) for v in ch.VARIANTS],
+        "wrong": [(f"wrong-{m.key}", hostile.mutant_text(m.key)) for m in ch.MUTANTS]
+        + [("untouched", hostile.untouched_text())],
+        "hostile": [(h.key, h.build()) for h in hostile.HOSTILE],
+    }
+    chosen: dict[str, tuple[str, str]] = {}
+    for i in range(count):
+        kind = ("correct", "wrong", "hostile")[i % 3]
+        if not kinds[kind]:
+            kind = "correct"
+            kinds[kind].append((f"right-{i:02d}", hostile.reference_text()))
+        student, text = kinds[kind].pop(0)
+        chosen[student] = (kind, text)
     for student, (_, text) in chosen.items():
         (folder / student).mkdir(parents=True)
         (folder / student / f"{ch.CHAPTER}.ipynb").write_text(text)
