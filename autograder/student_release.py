@@ -36,14 +36,16 @@ from urllib.parse import unquote
 
 import yaml
 
+from autograder.grade import ANSI_ESCAPE
 from autograder.grade import course_chapters as chapters
 from coursekit import export
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
 MARKER = ".minigpt-student-release"
 WEBSITE = "docs"  # GitHub Pages serves a branch's docs/ folder as it is
-# Needed only to build the website, which the release ships built (its sources are not in the release).
-BOOK_ONLY = {"jupyter-book", "jupytext"}
+# Not for learners: the website's build (the release ships it built, without its sources) and minigpt-grade's
+# process control (the release has no autograder).
+NOT_FOR_LEARNERS = {"jupyter-book", "jupytext", "psutil"}
 COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
 
 # What the scan looks for.
@@ -55,7 +57,6 @@ MIN_SOLUTION_CHARS = 30  # shorter solution regions ("return x") could appear in
 MIN_CHECK_STRING_CHARS = 40
 MIN_COPIED_FILE_BYTES = 64  # smaller files (an empty __init__.py) say nothing about where they came from
 _SOLUTION_REGION = re.compile(r"^[ \t]*### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION", re.M | re.S)
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _BINDER_LINK = re.compile(r'href="([^"]*/v2/[^"]*\?urlpath=[^"]*)"')
 
 
@@ -104,7 +105,7 @@ def copy_notebooks(course_root: Path, out: Path) -> None:
 
 def release_dependencies(course_root: Path) -> list[str]:
     deps = tomllib.loads((course_root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
-    return [d for d in deps if _requirement_name(d) not in BOOK_ONLY]
+    return [d for d in deps if _requirement_name(d) not in NOT_FOR_LEARNERS]
 
 
 def _requirement_name(line: str) -> str:
@@ -147,10 +148,10 @@ coursekit = ["data/**/*"]
 
 
 def write_environment(course_root: Path, out: Path) -> None:
-    """The course's Binder files, less the packages only the website's build needs."""
+    """The course's Binder files, less the packages that are not for learners."""
     lines = (course_root / "environment.yml").read_text(encoding="utf-8").splitlines()
-    body = [line for line in lines if not line.startswith("#")
-            and not re.match(r"\s*-\s*(" + "|".join(map(re.escape, sorted(BOOK_ONLY))) + r")\b", line)]
+    body = [line for line in lines if not line.startswith("#") and not (
+        line.lstrip().startswith("- ") and _requirement_name(line.lstrip()[2:]) in NOT_FOR_LEARNERS)]
     (out / "environment.yml").write_text(
         "# The environment Binder (repo2docker) builds for this repository; postBuild then installs the\n"
         "# course's packages (pyproject.toml), whose dependencies are these.\n" + "\n".join(body) + "\n",
@@ -337,10 +338,10 @@ def build_website(course_root: Path, out: Path, repository_url: str, branch: str
 
 def build_failure(log: str, reports: Path) -> str:
     """Sphinx's warnings and, for each page whose code failed, the end of its traceback (in a folder about to go)."""
-    lines = [_ANSI.sub("", line) for line in log.splitlines()]
+    lines = [ANSI_ESCAPE.sub("", line) for line in log.splitlines()]
     shown = [line for line in lines if ": WARNING:" in line or ": ERROR:" in line] or lines[-30:]
     for report in sorted(reports.rglob("*.err.log")):
-        tail = [_ANSI.sub("", line) for line in report.read_text(errors="replace").splitlines() if line.strip()]
+        tail = [ANSI_ESCAPE.sub("", line) for line in report.read_text(errors="replace").splitlines() if line.strip()]
         shown += [f"{report.relative_to(reports)}:"] + [f"    {line}" for line in tail[-3:]]
     return "\n".join(shown)
 
