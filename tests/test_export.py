@@ -111,10 +111,20 @@ def test_learner_notebooks_export_to_a_package_of_stubs(tmp_path):
 
 
 def test_learner_notebooks_never_overwrite_the_reference_package(tmp_path):
-    from coursekit.export import write_package
+    """In a course folder (solutions/ beside src/minigpt), only the solutions may be exported into src/minigpt.
+    Tried on a copy of the course's layout, so that a regression cannot wipe the real reference."""
+    import shutil
 
-    before = {p.name: p.read_text() for p in (ROOT / "src" / "minigpt").glob("*.py")}
+    from coursekit.export import check_not_reference, write_package
+
+    with pytest.raises(ValueError, match="reference package"):  # the real layout, checked without writing
+        check_not_reference(ROOT / "notebooks", ROOT / "src" / "minigpt")
+    course = tmp_path / "course"
+    shutil.copytree(ROOT / "notebooks", course / "notebooks")
+    (course / "solutions").mkdir()
+    shutil.copytree(ROOT / "src" / "minigpt", course / "src" / "minigpt", ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p.name: p.read_text() for p in (course / "src" / "minigpt").glob("*.py")}
     with pytest.raises(ValueError, match="reference package.* export your notebooks into another folder"):
-        write_package(ROOT / "notebooks", ROOT / "src" / "minigpt")
-    assert {p.name: p.read_text() for p in (ROOT / "src" / "minigpt").glob("*.py")} == before
-    assert write_package(ROOT / "notebooks", tmp_path / "my_minigpt")  # anywhere else is fine
+        write_package(course / "notebooks", course / "src" / "minigpt")
+    assert {p.name: p.read_text() for p in (course / "src" / "minigpt").glob("*.py")} == before
+    assert write_package(course / "notebooks", tmp_path / "my_minigpt")  # anywhere else is fine

@@ -13,6 +13,7 @@ import pytest
 
 from autograder import grade
 from submissions import hostile
+from submissions.grading import lost_cells
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +36,6 @@ def batch(tmp_path_factory):
                            "--cell-timeout", "20", "--timeout", "100", "--json", str(out), "--quiet"])
     results = {r["student"]: grade.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
     return code, students, results, workdir, table.getvalue()
-
-
-def lost(r: grade.Result) -> dict[str, str]:
-    return {lp.grade_id: lp.message for lp in r.lost}
 
 
 def outputs(workdir: Path, student: str) -> str:
@@ -64,15 +61,15 @@ def test_right_and_untouched_answers_still_score_as_usual(batch):
     assert results["untouched"].score == 0
 
 
-@pytest.mark.parametrize("student, detail", [
-    ("corrupt-json", "not a notebook"),
-    ("other-chapter", "this is the notebook of 02-embeddings, not of this chapter"),
-    ("not-the-notebook", "no nbgrader cells"),
+@pytest.mark.parametrize("student, status, detail", [
+    ("corrupt-json", "unreadable", "not a notebook"),
+    ("other-chapter", "wrong-notebook", "this is the notebook of 02-embeddings, not of this chapter"),
+    ("not-the-notebook", "wrong-notebook", "no nbgrader cells"),
 ])
-def test_what_is_not_this_chapters_notebook_is_named_and_not_run(batch, student, detail):
+def test_what_is_not_this_chapters_notebook_is_named_and_not_run(batch, student, status, detail):
     _, _, results, _, _ = batch
     r = results[student]
-    assert r.status in ("unreadable", "wrong-notebook") and r.score is None and r.max_score == 13
+    assert r.status == status and r.score is None and r.max_score == 13
     assert detail in r.detail
     assert r.seconds is None or r.seconds == 0
 
@@ -80,7 +77,7 @@ def test_what_is_not_this_chapters_notebook_is_named_and_not_run(batch, student,
 def test_an_endless_loop_costs_the_cells_that_needed_it(batch):
     _, _, results, _, _ = batch
     r = results["infinite-loop"]
-    assert r.status == "graded" and set(lost(r)) == TOKENIZER_TESTS, lost(r)
+    assert r.status == "graded" and set(lost_cells(r)) == TOKENIZER_TESTS, lost_cells(r)
     assert any("tokenizer: CellTimeoutError" in e for e in r.cell_errors), r.cell_errors
 
 
@@ -114,20 +111,20 @@ def test_a_dead_kernel_gets_a_row_that_says_so(batch, student):
 def test_edited_test_cells_are_restored_and_listed_for_review(batch):
     _, _, results, _, _ = batch
     r = results["edited-test"]
-    assert "token by token" in lost(r)["test_decode"]
+    assert "token by token" in lost_cells(r)["test_decode"]
     assert "test_decode: a locked cell was edited (nbgrader restored it before grading)" in r.review
 
 
 def test_a_deleted_test_cell_waits_for_the_instructor(batch):
     _, _, results, _, _ = batch
     r = results["deleted-test"]
-    assert set(lost(r)) == {"test_decode"} and "cell missing" in lost(r)["test_decode"]
+    assert set(lost_cells(r)) == {"test_decode"} and "cell missing" in lost_cells(r)["test_decode"]
     assert r.needs_manual_grade and "cells deleted: test_decode" in r.review
 
 
 def test_a_renamed_function_is_named(batch):
     _, _, results, _, _ = batch
-    assert lost(results["renamed"])["test_pre_split"] == "NameError: name 'pre_split' is not defined"
+    assert lost_cells(results["renamed"])["test_pre_split"] == "NameError: name 'pre_split' is not defined"
 
 
 def test_megabytes_of_output_are_cut(batch):
@@ -140,7 +137,7 @@ def test_megabytes_of_output_are_cut(batch):
 def test_importing_the_reference_is_refused_with_a_reason(batch):
     _, _, results, _, _ = batch
     r = results["imports-reference"]
-    assert set(lost(r)) == TOKENIZER_TESTS
+    assert set(lost_cells(r)) == TOKENIZER_TESTS
     assert any("minigpt.tokens is the course's reference solution, which is not available while grading 01-tokens"
                in e for e in r.cell_errors), r.cell_errors
 
@@ -160,8 +157,8 @@ def test_reading_the_answers_from_disk_gets_nothing(batch):
 def test_patching_the_checks_changes_nothing(batch):
     _, _, results, _, _ = batch
     patched, plain = results["patches-checks"], results["bpe-leftmost"]
-    assert (patched.score, lost(patched)) == (plain.score, lost(plain))
-    assert "LOWEST rank" in lost(patched)["test_bpe_merge"]
+    assert (patched.score, lost_cells(patched)) == (plain.score, lost_cells(plain))
+    assert "LOWEST rank" in lost_cells(patched)["test_bpe_merge"]
     assert any("mentions the autograder" in note for note in patched.review)
 
 

@@ -23,7 +23,6 @@ import shutil
 import sys
 import tempfile
 import textwrap
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 import coursekit
 from coursekit import export
 from coursekit.testing import describe_call, show
-from .testing import one_thread, quiet_transformers
+from .testing import isolated, quiet_transformers
 
 PACKAGE_NAME = "learner_minigpt"  # never "minigpt": the course's reference keeps its name
 PROMPT = "Romeo.\n"  # how the corpus starts a speech
@@ -281,6 +280,11 @@ def close(got, want: torch.Tensor, what: str, oracle_name: str, atol: float = AT
         differs(f"{what} differs from {oracle_name} by {size}, first{where}")
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where two token lists differ (the shorter one's length if one extends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def same_ids(got, want: list[int], what: str, oracle_name: str, o: Oracle) -> None:
     """Raise a "differs" verdict unless the token ids ``got`` are ``want``; name the first token that departs."""
     got = list(got) if isinstance(got, (list, tuple)) else got
@@ -288,7 +292,7 @@ def same_ids(got, want: list[int], what: str, oracle_name: str, o: Oracle) -> No
         differs(f"{what} gave a {type(got).__name__}, expected a list of token ids")
     if got == want:
         return
-    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    i = first_difference(got, want)
     if i == len(got) or i == len(want):
         differs(f"{what} gives {len(got)} tokens, {oracle_name} {len(want)} (the first {i} agree)")
     differs(f"{what} departs from {oracle_name} at token {i}: {got[i]} ({o.piece(got[i])!r}) "
@@ -306,8 +310,10 @@ def check_tokenizer(probe: Probe, o: Oracle) -> str:
     tokens = probe.module("tokens")
     tok = probe.call(tokens.gpt2_tokenizer)
     texts = TOKENIZER_TEXTS + [o.enc.decode(o.window)]
+    tokens_checked = 0
     for text in texts:
         want = o.enc.encode(text, allowed_special="all")
+        tokens_checked += len(want)
         got = probe.call(tok.encode, text, allowed_special="all", label=f"Tokenizer.encode({show(text)})")
         if got != want:
             shown = (f"{got}, tiktoken gives {want}" if max(len(got), len(want)) <= 12 else
@@ -316,12 +322,11 @@ def check_tokenizer(probe: Probe, o: Oracle) -> str:
         back = probe.call(tok.decode, want, label=f"Tokenizer.decode(tiktoken's ids of {show(text)})")
         if back != text:
             differs(f"Tokenizer.decode(tiktoken's ids of {show(text)}) gives {show(back)}")
-    return f"{len(texts)} texts ({sum(len(o.enc.encode(t, allowed_special='all')) for t in texts)} tokens) " \
-           "encode and decode as tiktoken's gpt2 does"
+    return f"{len(texts)} texts ({tokens_checked} tokens) encode and decode as tiktoken's gpt2 does"
 
 
 def _ids_difference(got: list[int], want: list[int]) -> str:
-    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    i = first_difference(got, want)
     return f"{len(got)} ids, tiktoken {len(want)}; from id {i} on yours are {got[i:i + 6]}, tiktoken's {want[i:i + 6]}"
 
 
@@ -567,11 +572,10 @@ class PieceResult:
     chapter: str
     status: str  # matches | differs | not written yet | crashed | waits
     message: str  # one line, in the notebook's words
-    seconds: float = 0.0
     waits_for: tuple[str, ...] = ()  # for "waits": the pieces to fix first
 
 
-@one_thread
+@isolated()
 def compare(package: ModuleType, model_dir: str | Path | None = None,
             pieces: list[str] | None = None) -> "Report":
     """Check each piece of ``package`` against its oracle on the GPT-2 folder ``model_dir`` (the course's model
@@ -590,15 +594,14 @@ def compare(package: ModuleType, model_dir: str | Path | None = None,
             results[piece.name] = PieceResult(piece.name, piece.chapter, WAITS, f"waits for: {', '.join(blockers)}",
                                               waits_for=blockers)
             continue
-        probe, start = Probe(package), time.perf_counter()
+        probe = Probe(package)
         try:
-            # Your random state is yours: loading a GPT draws its initial weights before the real ones arrive.
-            with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
+            with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 status, message = MATCHES, piece.check(probe, o)
         except Exception as err:  # noqa: BLE001 (whatever your code raises is part of the report)
             status, message = probe.verdict(err)
-        results[piece.name] = PieceResult(piece.name, piece.chapter, status, message, time.perf_counter() - start)
+        results[piece.name] = PieceResult(piece.name, piece.chapter, status, message)
     return Report(results.values())
 
 
@@ -743,7 +746,7 @@ class SideBySide:
         col, hf = next(c for c in self.columns if c.name == name), self.columns[-1].ids
         if col.ids is None or hf is None:
             return None
-        return next((i for i, (a, b) in enumerate(zip(col.ids, hf)) if a != b), min(len(col.ids), len(hf)))
+        return first_difference(col.ids, hf)
 
     def _repr_html_(self) -> str:
         hf = self.columns[-1]
@@ -776,7 +779,7 @@ def _visible(text: str) -> str:
     return html.escape(text).replace("\n", "↵<br>")
 
 
-@one_thread
+@isolated()
 def generate_side_by_side(package: ModuleType, prompt: str = PROMPT, max_new_tokens: int = 40, seed: int = 0,
                           model_dir: str | Path | None = None, name: str = "your package", **settings) -> SideBySide:
     """Sample a continuation of ``prompt`` with one seed three times: with all of ``package`` (its tokenizer, its
