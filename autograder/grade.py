@@ -1,38 +1,44 @@
-"""Grade minigpt notebooks with real `nbgrader autograde`: one notebook, or a whole class in parallel.
+"""Grade minigpt notebooks: one notebook, or a whole class in parallel, each in a sandbox, judged outside it.
 
     minigpt-grade notebooks/01-tokens/01-tokens.ipynb          # one notebook, student "you"
     minigpt-grade --class submissions/                         # submissions/<student>/<NN-topic>.ipynb
                                                                # or submissions/<student>/<NN-topic>/<NN-topic>.ipynb
 
-Each submission is graded by its own `nbgrader autograde` run, in a folder of its own, under a time limit
-and a memory cap, several at once (one per core). A notebook that loops, eats memory, kills its kernel or
-is not a notebook at all gets a row saying so; the others are graded all the same.
+For each submission:
+
+1. **Intake**: a regular file (no links), not too large, copied into the workspace; a student id of plain
+   characters. What is not a notebook, or is another chapter's, gets a row that says so.
+2. **Sanitize** with nbgrader's own preprocessors (as ``nbgrader autograde`` does): outputs cleared, the locked
+   cells and hidden tests put back from the instructor's version, the kernel fixed.
+3. **Run** in a sandbox (``autograder.sandbox``): nbgrader's Execute preprocessor and the kernel, with no view
+   of the course's answers, the checks, the workspace or other learners, no network, limits on time, memory,
+   processes and output. Its hidden cells serve the judge's requests (``autograder.hidden``).
+4. **Judge**, in this process, which never imports or runs learner code: each hidden test cell's checks run
+   on stand-ins of the learner's objects; only plain data crosses (``autograder.judge``, ``autograder.wire``).
+5. **Record**: the autograded notebook is the sanitized one with the run's outputs (checked, cut) and the
+   judge's verdicts in the test cells; nbgrader's SaveAutoGrades writes its scores into the workspace's
+   gradebook. A test cell gets its points when its hidden tests passed and the cell raised no error.
 
 The workspace (default `.grading/` under the course root) is nbgrader's course directory: `solutions/`
 (a copy of the chapters graded), `notebooks/` (their release), `submitted/`, `autograded/`, `feedback/`
 and `gradebook.db`, into which every result is written by this process alone. It is kept between runs:
-a result is reused while the submission and its chapter are unchanged, so running the same batch again
-grades nothing twice, and a batch that was interrupted goes on where it stopped. `--fresh` starts over.
-
-Scores come from nbgrader's gradebook; the message of a failed test cell is the `ename: evalue` of its
-error output, never the traceback (which shows hidden test source). The feedback pages, nbgrader's per
-chapter and one summary per learner, show the messages and never the hidden tests.
+a result is reused while the submission, its chapter and the grader are unchanged, so running the same batch
+again grades nothing twice, and a batch that was interrupted goes on where it stopped. `--fresh` starts over.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import copy
 import csv
-import ctypes
 import dataclasses
 import hashlib
 import html
 import json
 import os
 import re
-import resource
 import shutil
-import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -42,6 +48,8 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import sandbox
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 BASE_CONFIG = PACKAGE_DIR / "nbgrader_config.py"
 DEFAULT_COURSE_ROOT = PACKAGE_DIR.parent
@@ -49,25 +57,33 @@ WORKSPACE_MARKER = ".minigpt-grade-workspace"
 MESSAGE_MAX_LINES = 8
 MESSAGE_MAX_CHARS = 1000
 OUTPUT_MAX_CHARS = 100_000  # per output of the autograded notebook kept in the workspace
+OUTPUTS_PER_CELL = 200
+MAX_SUBMISSION = 20 * 1024 * 1024  # bytes of a notebook handed in
 DEFAULT_TIMEOUT = 900  # seconds for one notebook, start to end
-DEFAULT_MEMORY = "4G"  # address space of the grading processes (nbgrader and its kernel)
+DEFAULT_MEMORY = "4G"  # all of one notebook's processes together, and each one's address space
+DEFAULT_CELL_TIMEOUT = 120  # the course's nbgrader setting (autograder/nbgrader_config.py)
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HIDDEN_BLOCK = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.S | re.M)
-SOCKETS_PREFIX = "minigpt-kernel-"  # the temp folder of one run's kernel sockets
-# nbgrader's log when the kernel did not come up (it never ran a cell of the notebook)
-KERNEL_NEVER_STARTED = re.compile(r"Kernel died before replying to kernel_info|Kernel didn't respond in \d+ seconds")
 HIDDEN_NOTE = "# (hidden tests ran here; what they found is below)\n"
+# The outputs a notebook may show in the autograded copy and the feedback: text and pictures, never HTML or
+# scripts (they would run in the instructor's formgrader and the learner's feedback page).
+SHOWN_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
+BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 # What a submission's own code should have no business mentioning. A match does not change the score; it
 # puts the submission on the instructor's review list.
 SUSPICIOUS = [
-    (re.compile(r"\bautograder\b"), "mentions the autograder"),
+    (re.compile(r"\bautograder\b|\bMINIGPT_JUDGE\b"), "mentions the autograder"),
     (re.compile(r"\bsolutions\b\s*[/\\'\"]|\bgradebook\b|\.grading\b"), "names grading files"),
-    (re.compile(r"\b(exec|eval)\s*\("), "runs code from a string"),
-    (re.compile(r"\bsys\.(modules|meta_path|path_hooks|addaudithook|setprofile|settrace)\b"), "reaches into the import system"),
-    (re.compile(r"\bget_ipython\(\)\.events\b|\bbuiltins\b|__builtins__"), "patches the interpreter"),
-    (re.compile(r"\bos\._exit\b|\bctypes\b|\bsetrlimit\b|\bos\.kill\b"), "kills or bypasses the kernel"),
-    (re.compile(r"^\s*[!%]|\bsubprocess\b|\bos\.system\b|\bos\.popen\b"), "runs other programs"),
+    (re.compile(r"\b(exec|eval)\s*\((?!\s*\))"), "runs code from a string"),
+    (re.compile(r"\bsys\.(modules|meta_path|path_hooks|addaudithook|setprofile|settrace|_getframe)\b"),
+     "reaches into the interpreter"),
+    (re.compile(r"\bget_ipython\(\)\.(events|input_transformers|ast_transformers)\b|\bbuiltins\b|__builtins__"),
+     "patches the interpreter"),
+    (re.compile(r"\bos\._exit\b|\bctypes\b|\bsetrlimit\b|\bos\.kill\b|\bsignal\.SIG"), "kills or bypasses the kernel"),
+    (re.compile(r"^\s*[!%]|\bsubprocess\b|\bos\.system\b|\bos\.popen\b|\bos\.fork\b"), "runs other programs"),
     (re.compile(r"\b__import__\s*\(|\bimportlib\b"), "imports by name"),
+    (re.compile(r"\bsocket\b"), "opens sockets"),
 ]
 
 
@@ -105,20 +121,21 @@ class LostPoints:
 class Result:
     student: str
     chapter: str
-    # graded | unreadable (not a notebook) | wrong-notebook (another chapter's) | timeout | error | missing
+    # graded | unreadable (not a notebook) | wrong-notebook (another chapter's) | error (could not run) | missing
     status: str
     score: float | None = None
     max_score: float | None = None
     lost: list[LostPoints] = dataclasses.field(default_factory=list)
     needs_manual_grade: bool = False
-    detail: str = ""
+    detail: str = ""  # why it has no score, or what stopped the notebook before its end
     submission: str | None = None
     feedback: str | None = None
     cell_errors: list[str] = dataclasses.field(default_factory=list)  # errors of the learner's own cells
     review: list[str] = dataclasses.field(default_factory=list)  # why an instructor should read the code
     seconds: float | None = None  # grading time of this notebook (None: reused from an earlier run)
     reused: bool = False
-    log: str | None = None  # nbgrader's log of a run that ended without a score (timeout, error)
+    log: str | None = None  # the run's log, kept when the notebook did not run to its end
+    isolation: str = "sandbox"  # sandbox | none (graded with --no-sandbox: the learner's code ran as the grader)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
@@ -130,8 +147,9 @@ class Result:
 @dataclasses.dataclass(frozen=True)
 class Limits:
     timeout: float = DEFAULT_TIMEOUT  # seconds for one notebook
-    memory: int = parse_size(DEFAULT_MEMORY)  # bytes of address space
-    cell_timeout: int | None = None  # seconds per cell; None: the course's nbgrader setting
+    memory: int = parse_size(DEFAULT_MEMORY)  # bytes, all of a notebook's processes together
+    cell_timeout: int = DEFAULT_CELL_TIMEOUT  # seconds per cell
+    processes: int = 256  # processes and threads of one notebook
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,16 +186,23 @@ def check_chapters(wanted: list[str], known: list[str]) -> None:
         )
 
 
+def check_student(student: str) -> None:
+    if not STUDENT_ID.fullmatch(student):
+        raise UsageError(f"student id {student!r}: use letters, digits and . _ @ + -, starting with a letter or "
+                         "digit, at most 64 characters")
+
+
 def notebook_submissions(paths: list[str], student: str, chapter: str | None, known: list[str]) -> list[Submission]:
     """Loose notebooks of one student; the chapter is the file name unless --chapter says otherwise."""
     if chapter and len(paths) > 1:
         raise UsageError("--chapter names the chapter of a single notebook; give one notebook with it")
+    check_student(student)
     submissions = []
     for p in paths:
         path = Path(p)
         if not path.is_file():
             raise UsageError(f"no such notebook: {p}")
-        submissions.append(Submission(student, chapter or path.stem, path.resolve()))
+        submissions.append(Submission(student, chapter or path.stem, Path(os.path.abspath(path))))
     check_chapters([s.chapter for s in submissions], known)
     return submissions
 
@@ -186,23 +211,33 @@ def class_submissions(class_dir: Path, wanted: list[str], known: list[str]) -> l
     """Notebooks laid out `DIR/<student>/<NN-topic>.ipynb` or `DIR/<student>/<NN-topic>/<NN-topic>.ipynb`.
 
     Without --chapter, the chapters are those any student handed in; a student without one of them gets
-    a "missing" row, so a class table has a row for every student and chapter.
+    a "missing" row, so a class table has a row for every student and chapter. A student folder that is a
+    link, or whose name is not a plain id, is left out with a warning.
     """
     if not class_dir.is_dir():
         raise UsageError(f"no such class folder: {class_dir}")
     check_chapters(wanted, known)
-    students = sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    students = []
+    for p in sorted(class_dir.iterdir()):
+        if p.name.startswith(".") or not p.is_dir():
+            continue
+        if p.is_symlink():
+            warn(f"ignored {p}: a link, not a student folder")
+        elif not STUDENT_ID.fullmatch(p.name):
+            warn(f"ignored {p}: {p.name!r} is not a plain student id (letters, digits and . _ @ + -)")
+        else:
+            students.append(p)
     if not students:
         raise UsageError(f"no student folders in {class_dir}")
     found: dict[tuple[str, str], Path] = {}
     for student_dir in students:
         for ch in known:
             layouts = [student_dir / f"{ch}.ipynb", student_dir / ch / f"{ch}.ipynb"]
-            present = [p for p in layouts if p.is_file()]
+            present = [p for p in layouts if p.is_file() or p.is_symlink()]
             if len(present) > 1:
                 warn(f"{student_dir.name} has both {present[0]} and {present[1]}; grading the first")
             if present:
-                found[(student_dir.name, ch)] = present[0].resolve()
+                found[(student_dir.name, ch)] = Path(os.path.abspath(present[0]))
         for nb in sorted(student_dir.glob("*.ipynb")) + sorted(student_dir.glob("*/*.ipynb")):
             if nb.stem not in known and ".ipynb_checkpoints" not in nb.parts:
                 warn(f"ignored {nb}: no chapter {nb.stem} in solutions/")
@@ -210,6 +245,24 @@ def class_submissions(class_dir: Path, wanted: list[str], known: list[str]) -> l
     if not chapters:
         raise UsageError(f"no notebook of any chapter in {class_dir}")
     return [Submission(s.name, ch, found.get((s.name, ch))) for s in students for ch in chapters]
+
+
+def read_submission(path: Path) -> bytes | str:
+    """The bytes of a handed-in notebook, or why they cannot be taken: only a regular file, never a link (it
+    could point at another learner's work or the course's answers), and not a huge one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == 40:  # ELOOP: the last part of the path is a link
+            return "a symbolic link, not a notebook file (hand in the file itself)"
+        return f"cannot be read ({err.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file"
+        if info.st_size > MAX_SUBMISSION:
+            return f"{info.st_size / 2**20:.0f} MB, more than a notebook of this course can be ({MAX_SUBMISSION // 2**20} MB)"
+        return f.read(MAX_SUBMISSION + 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -224,8 +277,8 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def nbgrader(workdir: Path, *args: str, verbose: bool = False) -> subprocess.CompletedProcess:
-    """Run one nbgrader command in a course directory. Its python runs the `python3` kernel too, so the
-    kernel sees the same installed packages (autograder's checks among them)."""
+    """Run one nbgrader command in a course directory (never on learner code: generate_assignment and
+    generate_feedback only)."""
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
@@ -245,50 +298,15 @@ def log_tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def nbgrader_error(log: str) -> str:
-    """Why nbgrader could not grade a notebook, in a learner's terms where the cause is known."""
-    if "Timeout waiting for execute reply" in log:
-        return ("a cell ran past the time limit for one cell and did not stop when interrupted: nbgrader keeps no "
-                "score from a notebook it could not finish")
-    if re.search(r"DeadKernelError|Kernel died|UnresponsiveKernelError", log):
-        return ("the notebook's kernel died while it ran (sys.exit from a thread, os._exit, a crash, or the "
-                "memory cap): nbgrader keeps no score from a notebook whose kernel died")
-    for line in log.splitlines():
-        if "ERROR]" in line:
-            message = line.split("ERROR]", 1)[1].strip()
-            if message and not message.startswith(("There was an error processing", "Traceback", "Please see")):
-                return message
-    return "nbgrader could not grade this notebook"
-
-
-def write_config(root: Path, cell_timeout: int | None = None, kernel_sockets: Path | None = None) -> None:
-    """A course directory's nbgrader_config.py: the course settings, with the root moved to ``root``.
-    ``kernel_sockets``: the kernel talks over Unix sockets whose paths start with this absolute path, not over
-    TCP ports. Kernels started at the same time by parallel runs can be handed the same free TCP port, and then
-    one of them dies at start-up."""
+def write_config(root: Path) -> None:
+    """A course directory's nbgrader_config.py: the course settings, with the root moved to ``root``."""
     lines = [
         "# Written by minigpt-grade: the course's nbgrader settings, rooted in this folder.",
         "c = get_config()",
         f"load_subconfig({str(BASE_CONFIG)!r})",
         f"c.CourseDirectory.root = {str(root)!r}",
     ]
-    if cell_timeout is not None:
-        lines.append(f"c.Execute.timeout = {int(cell_timeout)}")
-    if kernel_sockets is not None:
-        lines.append("c.KernelManager.transport = 'ipc'")
-        lines.append(f"c.KernelManager.ip = {str(kernel_sockets)!r}")
     (root / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
-
-
-def prepare_workspace(workdir: Path, course_root: Path, chapters: list[str]) -> None:
-    """Clear a folder (only one this tool made) and make it a course directory with the chapters' sources."""
-    if workdir.exists():
-        check_workspace(workdir)
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
-    (workdir / WORKSPACE_MARKER).write_text("made by minigpt-grade\n")
-    write_config(workdir)
-    copy_sources(workdir, course_root, chapters)
 
 
 def check_workspace(workdir: Path) -> None:
@@ -306,20 +324,25 @@ def copy_sources(workdir: Path, course_root: Path, chapters: list[str]) -> None:
 
 
 def source_hash(course_root: Path, chapter: str) -> str:
+    """What a chapter's result depends on besides the notebook: its instructor notebook and the grader's code
+    (the autograder and the course's test helpers)."""
+    import coursekit
+
     h = hashlib.sha256()
-    folder = course_root / "solutions" / chapter
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
+    for folder, pattern in ((course_root / "solutions" / chapter, "*"), (PACKAGE_DIR, "*.py"),
+                            (Path(coursekit.__file__).parent, "*.py")):
+        for p in sorted(folder.rglob(pattern)):
+            if p.is_file() and not {".ipynb_checkpoints", "__pycache__"} & set(p.parts):
+                h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
-
-
-def file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def autograded_path(workdir: Path, student: str, chapter: str) -> Path:
     return workdir / "autograded" / student / chapter / f"{chapter}.ipynb"
+
+
+def submitted_path(workdir: Path, student: str, chapter: str) -> Path:
+    return workdir / "submitted" / student / chapter / f"{chapter}.ipynb"
 
 
 def feedback_path(workdir: Path, student: str, chapter: str) -> Path:
@@ -331,16 +354,14 @@ def feedback_path(workdir: Path, student: str, chapter: str) -> Path:
 
 
 class Workspace:
-    """``root`` is nbgrader's course directory; ``root/template`` another, holding only the assignments,
-    whose gradebook each grading run starts from; ``root/work/<chapter>/<student>`` the folder of one
-    grading run; ``root/results/<student>/<chapter>.json`` the record of each result, written once the
-    gradebook holds it."""
+    """``root`` is nbgrader's course directory; ``root/results/<student>/<chapter>.json`` the record of each
+    result, written once the gradebook holds it."""
 
     def __init__(self, root: Path, course_root: Path):
         self.root, self.course_root = root, course_root
-        self.template = root / "template"
         self.state_file = root / "workspace.json"
-        self.sources: dict[str, str] = {}  # {chapter: hash of its solution folder}, set by open()
+        self.sources: dict[str, str] = {}  # {chapter: hash of its solution folder and the grader}, set by open()
+        self.db_url = f"sqlite:///{root / 'gradebook.db'}"
 
     def open(self, chapters: list[str], fresh: bool, verbose: bool) -> None:
         check_workspace(self.root)
@@ -353,21 +374,16 @@ class Workspace:
         (self.root / WORKSPACE_MARKER).write_text(
             "made by minigpt-grade: grading results live here; `minigpt-grade --fresh` starts over\n")
         write_config(self.root)
-        self.stop_leftover_runs()
         sources = state.setdefault("sources", {})
         self.sources = {ch: source_hash(self.course_root, ch) for ch in chapters}
         changed = [ch for ch in chapters if sources.get(ch) != self.sources[ch]]
         if changed:
-            self.forget(changed)  # results of a chapter whose solution changed are out of date
+            self.forget(changed)  # results of a chapter whose solution or grader changed are out of date
             copy_sources(self.root, self.course_root, changed)
-            self.template.mkdir(exist_ok=True)
-            write_config(self.template)
-            copy_sources(self.template, self.course_root, changed)
-            for where in (self.root, self.template):
-                for ch in changed:
-                    proc = nbgrader(where, "generate_assignment", ch, "--force", verbose=verbose)
-                    if proc.returncode != 0:
-                        raise NbgraderFailed(f"nbgrader generate_assignment {ch} failed:\n{log_tail(proc.stdout)}")
+            for ch in changed:
+                proc = nbgrader(self.root, "generate_assignment", ch, "--force", verbose=verbose)
+                if proc.returncode != 0:
+                    raise NbgraderFailed(f"nbgrader generate_assignment {ch} failed:\n{log_tail(proc.stdout)}")
             sources.update(self.sources)
             state["course_root"] = str(self.course_root)
             self.write_state(state)
@@ -384,7 +400,7 @@ class Workspace:
             return
         from nbgrader.api import Gradebook, MissingEntry
 
-        with Gradebook(f"sqlite:///{self.root / 'gradebook.db'}") as gb:
+        with Gradebook(self.db_url) as gb:
             for ch in chapters:
                 try:
                     students = [sub.student.id for sub in gb.find_assignment(ch).submissions]
@@ -405,41 +421,18 @@ class Workspace:
     def result_file(self, student: str, chapter: str) -> Path:
         return self.root / "results" / student / f"{chapter}.json"
 
-    def run_dir(self, student: str, chapter: str) -> Path:
-        return self.root / "work" / chapter / student
-
-    def keep_log(self, student: str, chapter: str) -> Path:
-        """Copy the run's nbgrader log to logs/<chapter>/<student>.log, out of the run folder that is removed."""
+    def keep_log(self, student: str, chapter: str, text: str) -> Path:
         dest = self.root / "logs" / chapter / f"{student}.log"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.run_dir(student, chapter) / "nbgrader.log", dest)
+        atomic_write(dest, text)
         return dest
 
-    def stop_leftover_runs(self) -> None:
-        """Kill the grading runs of an interrupted batch that are still going: each process group whose
-        leader is still the `nbgrader` of that run folder (a number in a pid file may belong to another
-        process by now)."""
-        import psutil
-
-        for pid_file in self.root.glob("work/*/*/pid"):
-            try:
-                pid = int(pid_file.read_text())
-                leader = psutil.Process(pid)
-                if Path(leader.cwd()) == pid_file.parent.resolve() and "nbgrader" in leader.cmdline():
-                    os.killpg(pid, signal.SIGKILL)
-            except (ValueError, OSError, psutil.Error):
-                pass
-            pid_file.unlink(missing_ok=True)
-        for sockets_file in self.root.glob("work/*/*/sockets"):
-            folder = Path(sockets_file.read_text().strip())
-            if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(SOCKETS_PREFIX):
-                shutil.rmtree(folder, ignore_errors=True)
-            sockets_file.unlink()
+    def released(self, chapter: str) -> nbformat.NotebookNode:
+        return nbformat.read(self.root / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
 
     def released_grade_ids(self, chapter: str) -> dict[str, str]:
         """{grade_id: source} of the chapter's released notebook."""
-        nb = nbformat.read(self.root / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
-        return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells if "nbgrader" in c.metadata}
+        return {c.metadata["nbgrader"]["grade_id"]: c.source for c in self.released(chapter).cells
+                if "nbgrader" in c.metadata}
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -453,13 +446,14 @@ def atomic_write(path: Path, text: str) -> None:
 # Before grading: what a look at the notebook can tell
 
 
-def read_notebook(path: Path) -> nbformat.NotebookNode | str:
+def read_notebook(data: bytes | Path) -> nbformat.NotebookNode | str:
     """The notebook, or why it is not one."""
     try:
-        return nbformat.read(path, as_version=4)
+        text = data.read_bytes() if isinstance(data, Path) else data
+        return nbformat.reads(text.decode("utf-8"), as_version=4)
     except Exception as e:  # noqa: BLE001 (any way of not being a notebook)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return f"not a notebook ({reason})"
+        return f"not a notebook ({reason[:300]})"
 
 
 def wrong_chapter(nb: nbformat.NotebookNode, released: dict[str, str], others: dict[str, set[str]]) -> str | None:
@@ -480,11 +474,21 @@ def wrong_chapter(nb: nbformat.NotebookNode, released: dict[str, str], others: d
     return None
 
 
+def cell_name(nb: nbformat.NotebookNode, index: int) -> str:
+    """A cell as JupyterLab lets a learner find it: its grade id, or the graded cell it follows."""
+    grade_id = nb.cells[index].metadata.get("nbgrader", {}).get("grade_id")
+    if grade_id:
+        return grade_id
+    before = next((c.metadata["nbgrader"]["grade_id"] for c in reversed(nb.cells[:index])
+                   if c.metadata.get("nbgrader", {}).get("grade_id")), None)
+    return f"the cell after {before}" if before else "a cell before the first graded one"
+
+
 def review_notes(nb: nbformat.NotebookNode, released: dict[str, str]) -> list[str]:
     """What in the learner's own cells an instructor should look at: edited test cells (nbgrader puts them
     back before grading) and code that reaches for the grading machinery."""
     notes = []
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         locked = grade_id in released and not cell.metadata.get("nbgrader", {}).get("solution")
         if locked:
@@ -493,168 +497,252 @@ def review_notes(nb: nbformat.NotebookNode, released: dict[str, str]) -> list[st
             continue
         if cell.cell_type != "code":
             continue
-        where = grade_id or f"cell {nb.cells.index(cell) + 1}"
         for number, line in enumerate(cell.source.splitlines(), 1):
             for pattern, why in SUSPICIOUS:
                 if pattern.search(line):
-                    notes.append(f"{where}, line {number}: {why}: {line.strip()[:80]}")
+                    notes.append(f"{cell_name(nb, i)}, line {number}: {why}: {line.strip()[:80]}")
                     break
-    missing = [g for g, src in released.items() if g not in {
-        c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}]
+    missing = [g for g in released if g not in {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}]
     if missing:
         notes.append(f"cells deleted: {', '.join(missing)}")
     return notes
 
 
+def sanitize(nb: nbformat.NotebookNode, ws: Workspace, s: Submission) -> nbformat.NotebookNode:
+    """What `nbgrader autograde` does before it runs a notebook, with nbgrader's own preprocessors: outputs
+    cleared, cell ids made unique, the kernel and the locked cells (hidden tests included) put back from the
+    instructor's version, the cells' metadata checked."""
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, \
+        OverwriteKernelspec
+
+    resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student,
+                              "db_url": ws.db_url}}
+    for preprocessor in (ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata):
+        nb, resources = preprocessor().preprocess(nb, resources)
+    return nb
+
+
 # ---------------------------------------------------------------------------------------------------
-# One grading run: nbgrader autograde for one submission, in a folder of its own, limited
-
-
-def _limit_child(memory: int):
-    """In the child: a process group of its own (to kill it whole), the memory cap (inherited by the kernel),
-    and death when the grading process dies."""
-    def preexec() -> None:
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    return preexec
+# One run: the notebook in a sandbox, its hidden cells judged here
 
 
 @dataclasses.dataclass
 class RunOutcome:
-    ok: bool
-    status: str = "graded"
-    detail: str = ""
-    seconds: float = 0.0
-    kernel_never_started: bool = False  # no cell of the learner's ran: the run may be repeated
+    verdicts: dict  # {grade_id: judge.Verdict}
+    executed: dict | None  # what the executor sent back (untrusted): {"executed": notebook JSON, "status", ...}
+    seconds: float
+    incident: str = ""  # what stopped the notebook before its end, in a learner's terms
+    log: str = ""
+    started: bool = True  # False: the kernel never ran a cell (the machine's doing: run it again)
 
 
-def run_one(ws: Workspace, s: Submission, limits: Limits, protect: list[str], verbose: bool) -> RunOutcome:
-    """`nbgrader autograde` of one submission in ``ws.run_dir``; the kernel may read only that folder's
-    notebook folder, of everything in the workspace and the class. A run whose kernel never started (no cell
-    of the learner's ran) is not the learner's doing: it is run once more."""
-    outcome = _run_once(ws, s, limits, protect, verbose)
-    if outcome.kernel_never_started:
+def judged_cells(nb: nbformat.NotebookNode) -> list[str]:
+    """The test cells whose hidden tests call the judge."""
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get("grade") and HIDDEN_BLOCK.search(c.source)]
+
+
+def solution_cell_names(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """{sha1 of a cell's source: its grade id}, to name the cell of a line where the learner's code failed."""
+    names = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade_id"):
+            digest = hashlib.sha1(cell.source.rstrip("\n").encode("utf-8", "surrogatepass")).hexdigest()
+            names[digest] = meta["grade_id"]
+    return names
+
+
+def blocked_modules(chapter: str) -> list[str]:
+    """The reference modules a notebook of ``chapter`` may not import: its own chapter's and later ones'. A
+    chapter without a module of its own (the capstone) may import every chapter before it."""
+    from minigpt import CHAPTERS
+
+    return sorted(f"minigpt.{module}" for folder, module in CHAPTERS.items() if folder[:2] >= chapter[:2])
+
+
+def run_one(s: Submission, nb: nbformat.NotebookNode, course_root: Path, limits: Limits, sandboxed: bool,
+            threads: int = 1) -> RunOutcome:
+    """Run a sanitized notebook; a run whose kernel never started (no cell ran) is run once more."""
+    outcome = _run_once(s, nb, course_root, limits, sandboxed, threads)
+    if not outcome.started:
         first = outcome.seconds
-        outcome = _run_once(ws, s, limits, protect, verbose)
+        outcome = _run_once(s, nb, course_root, limits, sandboxed, threads)
         outcome.seconds += first
     return outcome
 
 
-def _run_once(ws: Workspace, s: Submission, limits: Limits, protect: list[str], verbose: bool) -> RunOutcome:
-    run = ws.run_dir(s.student, s.chapter)
-    if run.exists():
-        shutil.rmtree(run)
-    (run / "submitted" / s.student / s.chapter).mkdir(parents=True)
-    shutil.copyfile(s.path, run / "submitted" / s.student / s.chapter / f"{s.chapter}.ipynb")
-    shutil.copyfile(ws.template / "gradebook.db", run / "gradebook.db")
-    # The kernel's sockets are files in a short folder of this run's own (a Unix socket path has at most 107
-    # bytes; the run folder can be deeper than that allows).
-    runtime = Path(tempfile.mkdtemp(prefix=SOCKETS_PREFIX))
-    (run / "sockets").write_text(str(runtime))  # for stop_leftover_runs, should this process be killed
-    write_config(run, limits.cell_timeout, kernel_sockets=runtime / "kernel")
-    env = nbgrader_env({
-        "MINIGPT_GRADE_PROTECT": os.pathsep.join(protect),
-        "MINIGPT_GRADE_ALLOW": str(run / "autograded" / s.student / s.chapter),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "JUPYTER_RUNTIME_DIR": str(runtime),
-    })
-    log_path = run / "nbgrader.log"
-    start = time.monotonic()
+def _run_once(s: Submission, nb: nbformat.NotebookNode, course_root: Path, limits: Limits, sandboxed: bool,
+              threads: int) -> RunOutcome:
+    from autograder.judge import RunJudge
+
+    run_dir = Path(tempfile.mkdtemp(prefix="minigpt-run-"))  # short: a socket's path has at most 107 bytes
     try:
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "nbgrader", "autograde", s.chapter, "--student", s.student],
-                cwd=run, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=_limit_child(limits.memory),
-            )
-            (run / "pid").write_text(str(proc.pid))
-            try:
-                proc.wait(timeout=limits.timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                kill_tree(proc)
-                (run / "pid").unlink(missing_ok=True)
+        name = f"{s.chapter}.ipynb"
+        (run_dir / "in").mkdir()
+        (run_dir / "sock").mkdir()
+        nbformat.write(nb, run_dir / "in" / name)
+        blocked = blocked_modules(s.chapter)
+        sandbox.prepare(run_dir, s.chapter, blocked)
+        box = sandbox.Limits(memory=limits.memory, processes=limits.processes, timeout=limits.timeout)
+        with RunJudge(run_dir / "sock" / "judge", judged_cells(nb), solution_cell_names(nb),
+                      cell_timeout=limits.cell_timeout + 15) as judge:
+            if sandboxed:
+                args = sandbox.command(course_root=course_root, chapter=s.chapter, blocked=blocked,
+                                       run_dir=run_dir, notebook_name=name, cell_timeout=limits.cell_timeout,
+                                       limits=box, threads=threads)
+                outcome = sandbox.run(args, box)
+            else:
+                work = run_dir / "work"
+                work.mkdir()
+                shutil.copyfile(run_dir / "in" / name, work / name)
+                env = {**nbgrader_env(), "MINIGPT_JUDGE": str(run_dir / "sock" / "judge"),
+                       "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": str(threads)}
+                outcome = sandbox.run([sys.executable, "-m", "autograder.execute", str(work / name), "--timeout",
+                                       str(limits.cell_timeout)], box, env=env, cwd=work)
+        executed = judge.executed
+        ran = _cells_run(executed)
+        incident = ""
+        if outcome.timed_out:
+            incident = f"stopped at the time limit for the whole notebook ({limits.timeout:g} s)"
+        elif outcome.memory_exceeded:
+            incident = (f"stopped: the notebook's processes together used more than the memory limit "
+                        f"({limits.memory / 2**30:.1f} GiB)")
+        elif executed is None:
+            incident = "the notebook stopped before its end (its run was killed from inside)"
+        elif executed.get("status") != "ran":
+            incident = f"the notebook's kernel died before the end ({str(executed.get('detail'))[:200]})"
+        return RunOutcome(judge.verdicts, executed, outcome.seconds, incident,
+                          log=outcome.log + "".join(f"\nrefused: {why}" for why in judge.refused),
+                          started=ran > 0 or outcome.timed_out or bool(judge.verdicts))
     finally:
-        shutil.rmtree(runtime, ignore_errors=True)
-    seconds = time.monotonic() - start
-    text = log_path.read_text(errors="replace")
-    if verbose:
-        sys.stderr.write(text)
-    if timed_out:
-        return RunOutcome(False, "timeout", f"stopped after the time limit of {limits.timeout:g} s for one notebook",
-                          seconds)
-    if autograded_path(run, s.student, s.chapter).is_file() and proc.returncode == 0:
-        return RunOutcome(True, seconds=seconds)
-    return RunOutcome(False, "error", nbgrader_error(text), seconds,
-                      kernel_never_started=bool(KERNEL_NEVER_STARTED.search(text)))
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
-    """Kill a grading run whatever state it is in: nbgrader's process group and its kernel, which
-    jupyter_client starts in a session of its own."""
-    import psutil
+def _cells_run(executed: dict | None) -> int:
+    if not isinstance(executed, dict) or not isinstance(executed.get("executed"), str):
+        return 0
+    return executed["executed"].count('"execution_count": ') - executed["executed"].count('"execution_count": null')
 
+
+# ---------------------------------------------------------------------------------------------------
+# The autograded notebook: trusted cells, the run's outputs (checked), the judge's verdicts
+
+
+def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNode:
+    """The sanitized notebook with the outputs the run reported (only text and pictures, cut to size, and only
+    if the executed notebook has the same cells) and, in each test cell with hidden tests, the judge's verdict:
+    an error output when the tests failed or did not run."""
+    nb = copy.deepcopy(nb)
+    outputs = executed_outputs(run.executed, nb)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        cell.outputs, cell.execution_count = outputs.get(i, ([], None))[0], outputs.get(i, ([], None))[1]
+        meta = cell.metadata.get("nbgrader", {})
+        if not (meta.get("grade") and HIDDEN_BLOCK.search(cell.source)):
+            continue
+        verdict = run.verdicts.get(meta["grade_id"])
+        if verdict is None:
+            cell.outputs.append(_error("NotRun", "the hidden tests of this cell did not run" + (
+                f": {run.incident}" if run.incident else " (the cell stopped before them: see its output)")))
+        elif not verdict.passed:
+            ename = {"failed": "AssertionError", "unfinished": "Unfinished"}.get(verdict.status, "GraderError")
+            cell.outputs.append(_error(ename, verdict.message))
+    return nb
+
+
+def _error(ename: str, evalue: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+def executed_outputs(executed: dict | None, nb: nbformat.NotebookNode) -> dict[int, tuple[list, int | None]]:
+    """{cell index: (outputs, execution count)} from what the executor sent, or {} if it does not match the
+    notebook cell for cell (a forged or broken report shows nothing)."""
+    if not isinstance(executed, dict) or not isinstance(executed.get("executed"), str):
+        return {}
     try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
+        ran = json.loads(executed["executed"])
+        cells = ran["cells"]
+        if not isinstance(cells, list) or len(cells) != len(nb.cells):
+            return {}
+    except (ValueError, KeyError, TypeError):
+        return {}
+    out = {}
+    for i, (cell, theirs) in enumerate(zip(nb.cells, cells)):
+        if cell.cell_type != "code" or not isinstance(theirs, dict) or theirs.get("id") != cell.get("id"):
+            if cell.cell_type == "code":
+                return {}
+            continue
+        count = theirs.get("execution_count")
+        outputs = theirs.get("outputs") if isinstance(theirs.get("outputs"), list) else []
+        cleaned = [o for o in (_clean_output(o) for o in outputs[:OUTPUTS_PER_CELL]) if o is not None]
+        out[i] = (cleaned, count if isinstance(count, int) and not isinstance(count, bool) else None)
+    return out
 
 
-def clip_outputs(nb: nbformat.NotebookNode) -> None:
-    """Cap each output's text, so a notebook that printed megabytes stays a few hundred kilobytes."""
-    def clip(text):
-        text = "".join(text) if isinstance(text, list) else text
-        if len(text) <= OUTPUT_MAX_CHARS:
-            return text
-        return text[:OUTPUT_MAX_CHARS] + f"\n... [{len(text) - OUTPUT_MAX_CHARS:,} more characters cut by the grader]\n"
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if "text" in out:
-                out["text"] = clip(out["text"])
-            for mime, value in list(out.get("data", {}).items()):
-                if isinstance(value, (str, list)) and len(value) > OUTPUT_MAX_CHARS:
-                    out["data"][mime] = clip(value)
+def _clip(text) -> str:
+    if isinstance(text, list):
+        text = "".join(t for t in text if isinstance(t, str))
+    if not isinstance(text, str):
+        return ""
+    if len(text) <= OUTPUT_MAX_CHARS:
+        return text
+    return text[:OUTPUT_MAX_CHARS] + f"\n... [{len(text) - OUTPUT_MAX_CHARS:,} more characters cut by the grader]\n"
 
 
-def record(ws: Workspace, s: Submission, gb_url: str) -> None:
+def _clean_output(o) -> nbformat.NotebookNode | None:
+    """One output as the grader keeps it: stdout/stderr text, plain text, PNG/JPEG pictures, errors."""
+    if not isinstance(o, dict):
+        return None
+    kind = o.get("output_type")
+    if kind == "stream":
+        name = o.get("name") if o.get("name") in ("stdout", "stderr") else "stdout"
+        return nbformat.v4.new_output("stream", name=name, text=_clip(o.get("text")))
+    if kind == "error":
+        tb = o.get("traceback") if isinstance(o.get("traceback"), list) else []
+        return nbformat.v4.new_output("error", ename=_clip(o.get("ename"))[:200] or "Error",
+                                      evalue=_clip(o.get("evalue"))[:MESSAGE_MAX_CHARS * 4],
+                                      traceback=[_clip(line)[:2000] for line in tb[:100]])
+    if kind in ("display_data", "execute_result"):
+        data = o.get("data") if isinstance(o.get("data"), dict) else {}
+        kept = {}
+        for mime in SHOWN_MIMETYPES:
+            value = _clip(data.get(mime)) if mime in data else None
+            if value and (mime == "text/plain" or (len(value) < OUTPUT_MAX_CHARS and BASE64.fullmatch(value))):
+                kept[mime] = value
+        if not kept:
+            return None
+        if kind == "execute_result":
+            count = o.get("execution_count")
+            return nbformat.v4.new_output(kind, data=kept,
+                                          execution_count=count if isinstance(count, int) else None)
+        return nbformat.v4.new_output(kind, data=kept)
+    return None
+
+
+def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, submitted: bytes) -> None:
     """Put one run's grades into the workspace's gradebook with nbgrader's own SaveAutoGrades, and its
     notebooks where nbgrader keeps them (submitted/, autograded/)."""
     from nbgrader.api import Gradebook
-    from nbgrader.preprocessors import SaveAutoGrades
+    from nbgrader.preprocessors import LimitOutput, SaveAutoGrades
 
-    run = ws.run_dir(s.student, s.chapter)
-    nb = nbformat.read(autograded_path(run, s.student, s.chapter), as_version=4)
-    clip_outputs(nb)
-    for kind, folder in (("submitted", run / "submitted"), ("autograded", run / "autograded")):
-        dest = ws.root / kind / s.student / s.chapter
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(folder / s.student / s.chapter, dest)
-    autograded_path(ws.root, s.student, s.chapter).unlink()  # nbgrader leaves it read-only
-    nbformat.write(nb, autograded_path(ws.root, s.student, s.chapter))
-    with Gradebook(gb_url) as gb, warnings.catch_warnings():
+    dest = submitted_path(ws.root, s.student, s.chapter)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(submitted)
+    with Gradebook(ws.db_url) as gb, warnings.catch_warnings():
         # nbgrader's own autograde makes the same calls; SQLAlchemy warns about its session handling there too
         warnings.filterwarnings("ignore", message=".*not in session.*")
         gb.update_or_create_student(s.student)
         gb.update_or_create_submission(s.chapter, s.student)
-    resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student, "db_url": gb_url}}
+    resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student,
+                              "db_url": ws.db_url}}
+    nb, resources = LimitOutput().preprocess(nb, resources)
     SaveAutoGrades().preprocess(nb, resources)
+    path = autograded_path(ws.root, s.student, s.chapter)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    nbformat.write(nb, path)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -697,11 +785,11 @@ def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
             continue
         lost.append(LostPoints(grade.name, grade.score, grade.max_score, message))
     own = []  # errors in cells that are not test cells: they explain the lost points that follow
-    for i, cell in enumerate(notebook.cells, 1):
+    for i, cell in enumerate(notebook.cells):
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and not meta.get("grade") and any(
                 o.get("output_type") == "error" for o in cell.get("outputs", [])):
-            own.append(f"{meta.get('grade_id') or f'cell {i}'}: {error_message(cell)}")
+            own.append(f"{cell_name(notebook, i)}: {error_message(cell)}")
     return Result(student, chapter, "graded", submission.score, submission.max_score, lost,
                   needs_manual_grade=submission.needs_manual_grade, cell_errors=own[:5])
 
@@ -743,8 +831,10 @@ def learner_page(student: str, results: list[Result], root: Path) -> str:
     for r in results:
         score = f"{points(r.score)} / {points(r.max_score)}"
         status = {"graded": "graded"}.get(r.status, f"{r.status}: {r.detail}")
+        if r.status == "graded" and r.detail:
+            status = f"graded; {r.detail}"
         if r.status == "graded" and r.needs_manual_grade:
-            status = "graded; some cells wait for the instructor"
+            status += "; some cells wait for the instructor"
         link = ""
         fb = feedback_path(root, student, r.chapter)
         if r.status == "graded" and fb.is_file():
@@ -778,11 +868,11 @@ def write_reports(ws: Workspace, results: list[Result]) -> Path:
     table = ws.root / "grades.csv"
     with open(table, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "chapter", "status", "score", "max_score", "lost", "detail", "review"])
+        w.writerow(["student", "chapter", "status", "score", "max_score", "lost", "detail", "review", "isolation"])
         for r in results:
             w.writerow([r.student, r.chapter, r.status, points(r.score, ""), points(r.max_score, ""),
                         "; ".join(f"{lp.grade_id} {points(lp.score)}/{points(lp.max_score)}" for lp in r.lost),
-                        r.detail, " | ".join(r.review)])
+                        r.detail, " | ".join(r.review), r.isolation])
     return table
 
 
@@ -826,19 +916,26 @@ def default_jobs() -> int:
 
 
 def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jobs: int | None = None,
-          limits: Limits = Limits(), fresh: bool = False, progress: bool = False,
-          verbose: bool = False) -> list[Result]:
-    """Grade every submission (reusing results recorded for the same notebook and chapter), and return a
-    result per submission, in order."""
+          limits: Limits = Limits(), fresh: bool = False, progress: bool = False, verbose: bool = False,
+          sandboxed: bool = True) -> list[Result]:
+    """Grade every submission (reusing results recorded for the same notebook, chapter and grader), and return
+    a result per submission, in order. ``sandboxed=False`` runs the notebooks without a sandbox (the learner's
+    code then runs with the grader's rights: every row says so)."""
     from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
 
+    from autograder import judge
+
+    if sandboxed and (why := sandbox.missing()):
+        raise UsageError(f"cannot grade in a sandbox: {why}. Install it, or grade without isolation with "
+                         "--no-sandbox (only for notebooks you trust)")
     for s in submissions:
+        check_student(s.student)
         if s.path is not None and s.path.is_relative_to(workdir):
             raise UsageError(f"{s.path} is inside the workspace {workdir}, where grading keeps its own files")
     chapters = sorted({s.chapter for s in submissions})
     ws = Workspace(workdir, course_root)
     ws.open(chapters, fresh, verbose)
-    gb_url = f"sqlite:///{ws.root / 'gradebook.db'}"
+    judge.checks()  # the checks, torch and the oracles load once, before the first notebook runs
     released = {ch: ws.released_grade_ids(ch) for ch in chapters}
     all_ids = {ch: set(ids) for ch, ids in released.items()}
     for ch in course_chapters(course_root):
@@ -846,12 +943,13 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
             nb = read_notebook(course_root / "solutions" / ch / f"{ch}.ipynb")
             if not isinstance(nb, str):
                 all_ids[ch] = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells} - {None}
-    with Gradebook(gb_url) as gb:
+    with Gradebook(ws.db_url) as gb:
         max_of = {ch: gb.find_assignment(ch).max_score for ch in chapters}
 
     results: dict[tuple[str, str], Result] = {}
-    todo: list[tuple[Submission, str, list[str]]] = []
+    todo: list[tuple[Submission, str, bytes, nbformat.NotebookNode, list[str]]] = []
     bar = Progress(len(submissions), progress)
+    isolation = "sandbox" if sandboxed else "none"
 
     def finish(s: Submission, r: Result, digest: str | None) -> None:
         r.submission = str(s.path) if s.path else None
@@ -867,12 +965,16 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if s.path is None:
             finish(s, Result(s.student, s.chapter, "missing", detail="no notebook handed in"), None)
             continue
-        digest = file_hash(s.path)
-        cached = reuse(ws, s, digest)
+        data = read_submission(s.path)
+        if isinstance(data, str):
+            finish(s, Result(s.student, s.chapter, "unreadable", detail=data), None)
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        cached = reuse(ws, s, digest, isolation)
         if cached is not None:
             finish(s, cached, digest)
             continue
-        nb = read_notebook(s.path)
+        nb = read_notebook(data)
         if isinstance(nb, str):
             finish(s, Result(s.student, s.chapter, "unreadable", detail=nb), digest)
             continue
@@ -881,31 +983,39 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if why:
             finish(s, Result(s.student, s.chapter, "wrong-notebook", detail=why), digest)
             continue
-        todo.append((s, digest, review_notes(nb, released[s.chapter])))
+        notes = review_notes(nb, released[s.chapter])
+        try:
+            prepared = sanitize(nb, ws, s)
+        except Exception as err:  # noqa: BLE001 (nbgrader refuses what it cannot read)
+            finish(s, Result(s.student, s.chapter, "unreadable", detail=f"nbgrader cannot grade it: {err}"[:300]),
+                   digest)
+            continue
+        todo.append((s, digest, data, prepared, notes))
 
-    protect = [str(ws.root / name) for name in
-               ("solutions", "notebooks", "submitted", "autograded", "feedback", "feedback-source", "results",
-                "work", "template", "gradebook.db")]
-    protect += [str(course_root / "solutions")] + sorted({str(s.path) for s in submissions if s.path})
     graded: list[Submission] = []
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
-            futures = {pool.submit(run_one, ws, s, limits, protect, verbose): (s, digest, notes)
-                       for s, digest, notes in todo}
+        jobs = jobs or default_jobs()
+        threads = max(1, default_jobs() // min(jobs, max(1, len(todo))))  # each notebook's share of the cores
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(run_one, s, prepared, course_root, limits, sandboxed, threads):
+                       (s, digest, data, prepared, notes) for s, digest, data, prepared, notes in todo}
             for future in concurrent.futures.as_completed(futures):
-                s, digest, notes = futures[future]
-                outcome = future.result()
-                if outcome.ok:
-                    record(ws, s, gb_url)  # this thread alone writes the gradebook
-                    with Gradebook(gb_url) as gb:
-                        r = read_result(gb, ws.root, s.student, s.chapter)
-                    graded.append(s)
+                s, digest, data, prepared, notes = futures[future]
+                run = future.result()
+                if not run.started:
+                    r = Result(s.student, s.chapter, "error", detail="the notebook's kernel did not start, twice "
+                               "(the machine's doing, not the notebook's: run the batch again)")
+                    r.log = str(ws.keep_log(s.student, s.chapter, run.log))
                 else:
-                    r = Result(s.student, s.chapter, outcome.status, detail=outcome.detail,
-                               log=str(ws.keep_log(s.student, s.chapter)))
-                r.review, r.seconds = notes, round(outcome.seconds, 1)
+                    record(ws, s, assemble(prepared, run), data)  # this thread alone writes the gradebook
+                    with Gradebook(ws.db_url) as gb:
+                        r = read_result(gb, ws.root, s.student, s.chapter)
+                    r.detail = run.incident
+                    if run.incident:
+                        r.log = str(ws.keep_log(s.student, s.chapter, run.log))
+                    graded.append(s)
+                r.review, r.seconds, r.isolation = notes, round(run.seconds, 1), isolation
                 finish(s, r, digest)
-                shutil.rmtree(ws.run_dir(s.student, s.chapter), ignore_errors=True)
     finally:
         bar.close()
     if graded:
@@ -918,8 +1028,8 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     return ordered
 
 
-def reuse(ws: Workspace, s: Submission, digest: str) -> Result | None:
-    """The recorded result of this very notebook for this very chapter, if there is one."""
+def reuse(ws: Workspace, s: Submission, digest: str, isolation: str) -> Result | None:
+    """The recorded result of this very notebook for this very chapter and grader, if there is one."""
     try:
         saved = json.loads(ws.result_file(s.student, s.chapter).read_text())
     except (OSError, ValueError):
@@ -927,7 +1037,7 @@ def reuse(ws: Workspace, s: Submission, digest: str) -> Result | None:
     if saved.get("submission_sha256") != digest or saved.get("source") != ws.sources[s.chapter]:
         return None
     r = Result.from_dict(saved["result"])
-    if r.status in ("timeout", "error"):  # no score: run it again (what stopped it may have been the machine)
+    if r.status == "error" or r.isolation != isolation:  # run it again: what stopped it may have been the machine
         return None
     if r.status == "graded" and not autograded_path(ws.root, s.student, s.chapter).is_file():
         return None
@@ -944,15 +1054,19 @@ def format_table(results: list[Result]) -> str:
     notes: dict[int, list[str]] = {}
     for r in results:
         status = "" if r.status == "graded" else f"{r.status}: {r.detail}"
+        if r.status == "graded" and r.detail:
+            status = r.detail
         if r.status == "graded" and r.needs_manual_grade:
-            status = "needs manual grading"
+            status = (status + "; " if status else "") + "needs manual grading"
+        if r.isolation == "none":
+            status = "NOT ISOLATED" + (f"; {status}" if status else "")
         rows.append((r.student, r.chapter, f"{points(r.score)} / {points(r.max_score)}", status))
         notes[len(rows) - 1] = [
             f"    {lp.grade_id} ({points(lp.score)} / {points(lp.max_score)}): "
             + lp.message.replace("\n", "\n      ")
             for lp in r.lost
         ] + [f"    error in {e}".replace("\n", "\n      ") for e in r.cell_errors] + [
-            f"    review: {note}" for note in r.review] + ([f"    nbgrader's log: {r.log}"] if r.log else [])
+            f"    review: {note}" for note in r.review] + ([f"    log: {r.log}"] if r.log else [])
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = []
     for i, row in enumerate(rows):
@@ -972,7 +1086,8 @@ def warn(message: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="minigpt-grade",
-        description="Grade minigpt notebooks with nbgrader's hidden tests, in a workspace apart from the course.",
+        description="Grade minigpt notebooks with the hidden tests: each notebook runs in a sandbox, and is judged "
+                    "outside it.",
     )
     parser.add_argument("notebooks", nargs="*", help="notebooks of one student, each named <NN-topic>.ipynb")
     parser.add_argument("--class", dest="class_dir", metavar="DIR",
@@ -987,9 +1102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="notebooks graded at once (default: the cores this process may use)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds one notebook may take, start to end (default: {DEFAULT_TIMEOUT})")
-    parser.add_argument("--cell-timeout", type=int, help="seconds one cell may take (default: the course's 120)")
+    parser.add_argument("--cell-timeout", type=int, default=DEFAULT_CELL_TIMEOUT,
+                        help=f"seconds one cell may take (default: {DEFAULT_CELL_TIMEOUT})")
     parser.add_argument("--memory", default=DEFAULT_MEMORY,
-                        help=f"address space of one notebook's kernel, e.g. 4G (default: {DEFAULT_MEMORY})")
+                        help=f"memory of one notebook's processes together, e.g. 4G (default: {DEFAULT_MEMORY})")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run notebooks without the sandbox (the learner's code runs with your rights: only "
+                             "for notebooks you trust; every row says NOT ISOLATED)")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results and grade everything again")
     parser.add_argument("--csv", type=Path, metavar="PATH", help="also copy the grade table (grades.csv) to PATH")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
@@ -1002,7 +1121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    if args.cell_timeout is not None and args.cell_timeout <= 0:
+    if args.cell_timeout <= 0:
         parser.error(f"--cell-timeout must be a positive number of seconds, got {args.cell_timeout}")
     return args
 
@@ -1022,8 +1141,10 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.chapter) > 1:
                 raise UsageError("give one --chapter with loose notebooks")
             submissions = notebook_submissions(args.notebooks, args.student, chapter, known)
+        if args.no_sandbox:
+            warn("--no-sandbox: the notebooks' code runs with your rights, not isolated; grade only notebooks you trust")
         results = grade(submissions, course_root, workdir, jobs=args.jobs, limits=limits, fresh=args.fresh,
-                        progress=not args.quiet, verbose=args.verbose)
+                        progress=not args.quiet, verbose=args.verbose, sandboxed=not args.no_sandbox)
     except UsageError as e:
         warn(str(e))
         return 2

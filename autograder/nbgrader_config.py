@@ -5,6 +5,9 @@ The course root is the folder above this file, whatever the current directory is
 `nbgrader generate_feedback 01-tokens` work from the repository root (through the shim
 `nbgrader_config.py` there). `minigpt-grade` loads this file too and only moves the root into its
 own workspace, so the two ways of grading run with the same settings.
+
+Plain `nbgrader autograde` is the trusted setting: the notebook runs with your rights and the hidden tests
+judge in its kernel. `minigpt-grade` is the hardened one: the notebook runs in a sandbox and is judged outside.
 """
 from pathlib import Path
 
@@ -21,7 +24,3 @@ c.CourseDirectory.release_directory = "notebooks"
 # Seconds per cell. nbgrader's default of 30 is tight for the chapters that run a small GPT on CPU;
 # an infinite loop still ends at this limit and scores 0 for the cells after it.
 c.ExecutePreprocessor.timeout = 120
-
-# Every grading kernel first installs autograder.guard: a notebook may import the reference implementation of
-# earlier chapters, never of its own chapter or later ones.
-c.Execute.extra_arguments = ["--IPKernelApp.exec_lines=from autograder.guard import install; install()"]

@@ -16,13 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autograder.grade import DEFAULT_COURSE_ROOT, course_chapters, log_tail, nbgrader, prepare_workspace
+from autograder.grade import DEFAULT_COURSE_ROOT, copy_sources, course_chapters, log_tail, nbgrader, write_config
 
 
 def generate(course_root: Path, workdir: Path) -> Path:
-    """Run nbgrader's generate_assignment for every chapter in ``workdir``; return its release folder."""
+    """Run nbgrader's generate_assignment for every chapter in ``workdir`` (a new folder); return its release."""
     chapters = course_chapters(course_root)
-    prepare_workspace(workdir, course_root, chapters)
+    workdir.mkdir(parents=True)
+    write_config(workdir)
+    copy_sources(workdir, course_root, chapters)
     for ch in chapters:
         proc = nbgrader(workdir, "generate_assignment", ch, "--force")
         if proc.returncode != 0:

@@ -100,5 +100,4 @@ def test_the_mutants_graded_by_nbgrader_exist():
 # ---------------------------------------------------------------- real nbgrader
 
 # Every test marked slow; one torch thread per grading kernel, as above.
-globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS, mutants=ch.NBGRADER_MUTANTS,
-                                kernel_env={"OMP_NUM_THREADS": "1"}))
+globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS, mutants=ch.NBGRADER_MUTANTS))

@@ -6,9 +6,13 @@ A failed check says what was called, what came back, what was expected and, wher
 from __future__ import annotations
 
 import contextlib
-import warnings
-
+import hashlib
+import linecache
+import os
+import re
 import reprlib
+import sysconfig
+import warnings
 
 _short = reprlib.Repr()
 _short.maxstring = 80
@@ -30,13 +34,98 @@ def describe_call(name: str, args=(), kwargs=None) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+# ---------------------------------------------------------------- where an error came from
+
+
+
+def _tooling() -> tuple[str, ...]:
+    """The folders of the course's tools (this package, and the autograder where it is installed)."""
+    import importlib.util
+
+    folders = [os.path.dirname(__file__)]
+    try:
+        spec = importlib.util.find_spec("autograder")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        folders += list(spec.submodule_search_locations)
+    return tuple(os.path.realpath(f) + os.sep for f in folders)
+
+
+_TOOLING = _tooling()
+_LIBRARY = tuple(sorted({os.path.realpath(p) + os.sep for k, p in sysconfig.get_paths().items()
+                         if k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+def _in_a_cell(filename: str) -> bool:
+    """Code typed in a notebook: IPython keeps a cell's source in linecache with no file time; a cell run by
+    ``exec(compile(source, "<name>", "exec"))`` has a name in angle brackets."""
+    entry = linecache.cache.get(filename)
+    if entry is not None and len(entry) > 1 and entry[1] is None:
+        return True
+    return filename.startswith("<") and not filename.startswith(("<frozen", "<string>"))
+
+
+def learner_frame(tb) -> dict | None:
+    """The innermost frame of the learner's own code in a traceback: in a notebook cell if any, else outside
+    the standard library, installed packages and the course's tools. {function, line, text, cell, file}:
+    ``cell`` is the sha1 of the whole cell's source (to find the cell in the notebook), ``text`` the line."""
+    cell = other = None
+    while tb is not None:
+        code, line = tb.tb_frame.f_code, tb.tb_lineno
+        filename = os.path.realpath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
+        if _in_a_cell(code.co_filename):
+            cell = (code, line)
+        elif not filename.startswith(_LIBRARY + _TOOLING):
+            other = (code, line)
+        tb = tb.tb_next
+    found = cell or other
+    if found is None:
+        return None
+    code, line = found
+    text = linecache.getline(code.co_filename, line).strip()
+    lines = linecache.cache.get(code.co_filename, (None, None, None))[2]
+    digest = hashlib.sha1("".join(lines).rstrip("\n").encode("utf-8", "surrogatepass")).hexdigest() \
+        if cell and lines else None
+    function = re.sub(r"\.<(locals|genexpr|listcomp|dictcomp|setcomp|lambda)>", "", code.co_qualname)
+    return {"function": function, "line": line, "text": text[:160], "cell": digest,
+            "file": None if cell else code.co_filename}
+
+
+def innermost_function(tb) -> str:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_qualname if tb is not None else "it"
+
+
+def describe_where(where: dict | None, cell_name: str | None = None) -> str:
+    """' (cell bpe_merge, line 7, in bpe_merge: `parts[i:i + 2] = ...`)', or '' when the learner's code is not on
+    the stack."""
+    if not where:
+        return ""
+    if cell_name:
+        place = f"cell {cell_name}, line {where['line']}, in {where['function']}"
+    else:
+        place = f"line {where['line']} of your {where['function']}"
+        if where.get("file") and not where["file"].startswith("<"):
+            place += f" in {os.path.basename(where['file'])}"
+    return f" ({place}: `{where['text']}`)" if where.get("text") else f" ({place})"
+
+
+def describe_error(err: BaseException) -> str:
+    """'KeyError: 42 (line 7 of your bpe_merge: `...`)': an error of the learner's code, and where it was raised.
+    An error the grader received from a sandbox carries its learner's type name and place with it."""
+    name = getattr(err, "type_name", None) or type(err).__name__
+    where = getattr(err, "where", None) if hasattr(err, "type_name") else learner_frame(err.__traceback__)
+    message = str(err)
+    return f"{name}: {message}{describe_where(where, getattr(err, 'cell_name', None))}" if message else \
+        f"{name}{describe_where(where, getattr(err, 'cell_name', None))}"
+
+
 def not_written(label: str, err: NotImplementedError) -> AssertionError:
     """The failure for a call that reached a stub: "not written yet", naming the function that still raises (a
     method may be written and a helper it calls not)."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = tb.tb_frame.f_code.co_qualname if tb is not None else "it"
+    where = getattr(err, "not_written", None) or innermost_function(err.__traceback__)
     return AssertionError(f"{label}: not written yet ({where} still raises NotImplementedError)")
 
 
@@ -50,8 +139,8 @@ def call(fn, *args, name: str | None = None, label: str | None = None, hint: str
         return fn(*args, **kwargs)
     except NotImplementedError as err:
         raise not_written(label, err) from None
-    except Exception as err:  # the learner's bug, reported with the call that triggered it
-        raise AssertionError(f"{label} raised {type(err).__name__}: {err}" + (f"\nHint: {hint}" if hint else "")) \
+    except Exception as err:  # the learner's bug, reported with the call that triggered it and its line
+        raise AssertionError(f"{label} raised {describe_error(err)}" + (f"\nHint: {hint}" if hint else "")) \
             from err
 
 
@@ -75,10 +164,10 @@ def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: st
         raise not_written(label, err) from None
     except exc_type as err:
         if match and match not in str(err):
-            fail(f"{label} raised {type(err).__name__}({str(err)!r}), whose message should mention {match!r}", hint)
+            fail(f"{label} raised {describe_error(err)}, whose message should mention {match!r}", hint)
         return None
     except Exception as err:
-        fail(f"{label} raised {type(err).__name__}: {err}; expected {exc_type.__name__}", hint)
+        fail(f"{label} raised {describe_error(err)}; expected {exc_type.__name__}", hint)
     fail(f"{label} returned {show(got)}; expected it to raise {exc_type.__name__}", hint)
 
 

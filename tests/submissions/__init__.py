@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -117,18 +118,36 @@ def hidden_tests(chapter: str) -> dict[str, str]:
 
 def learner_namespace(chapter: str, cells: dict[str, str]) -> dict:
     """The globals of the learner notebook after its own cells ran in this process (imports, given code,
-    solution cells filled with `cells`): what the hidden tests see."""
+    solution cells filled with `cells`): what the hidden tests see. As in the grading sandbox, the reference
+    modules of this chapter and later ones cannot be imported meanwhile."""
+    from autograder.grade import blocked_modules
+
     namespace: dict = {}
-    for cell in learner_notebook(chapter, cells).cells:
-        nbgrader = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and nbgrader.get("grade_id") and not nbgrader.get("grade"):
-            exec(compile(cell.source, f"<{chapter} {nbgrader['grade_id']}>", "exec"), namespace)
+    blocked = {name: sys.modules.get(name) for name in blocked_modules(chapter)}
+    try:
+        sys.modules.update({name: None for name in blocked})  # import raises ImportError
+        for cell in learner_notebook(chapter, cells).cells:
+            nbgrader = cell.metadata.get("nbgrader", {})
+            if cell.cell_type == "code" and nbgrader.get("grade_id") and not nbgrader.get("grade"):
+                try:  # a cell that raises is an error in the notebook, and the next cells still run
+                    exec(compile(cell.source, f"<{chapter} {nbgrader['grade_id']}>", "exec"), namespace)
+                except Exception:  # noqa: BLE001
+                    pass
+    finally:
+        for name, module in blocked.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
     return namespace
 
 
 def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
     """Grade without nbgrader: the learner notebook's own cells (`learner_namespace`), then each test cell's
     hidden part as the grader does; {grade_id: message} of those that fail."""
+    from autograder.judge import forget_here
+
+    forget_here()  # a new notebook: no earlier verdicts
     namespace = learner_namespace(chapter, cells)
     failed = {}
     for grade_id, source in hidden_tests(chapter).items():
@@ -136,4 +155,6 @@ def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
             exec(source, dict(namespace))
         except AssertionError as err:
             failed[grade_id] = str(err)
+        except Exception as err:  # noqa: BLE001 (a name the learner's cells never defined, say)
+            failed[grade_id] = f"{type(err).__name__}: {err}"
     return failed

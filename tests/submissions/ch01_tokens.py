@@ -126,7 +126,7 @@ MUTANTS = [
         "decode-keyerror",
         "decode_bytes raises KeyError on an unknown id",
         (Edit("tokenizer", DECODE_BYTES_BODY, '        return b"".join(self.vocab[i] for i in ids)\n'),),
-        {"test_decode": "raised KeyError: 50257; expected ValueError"},
+        {"test_decode": "raised KeyError: 50257"},
     ),
     # ---- not writing it at all: the grading kernel holds back the reference of the chapter being graded
     Mutant(

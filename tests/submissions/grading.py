@@ -40,12 +40,11 @@ def summary(result: grade.Result) -> str:
 
 
 def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[str], *,
-                   mutants: Iterable[str] | None = None, variants: Iterable[str] | None = None,
-                   kernel_env: dict[str, str] | None = None) -> dict[str, Callable]:
+                   mutants: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> dict[str, Callable]:
     """The `results` fixture and the tests of one real `nbgrader autograde` run of chapter module `ch`'s class:
     the reference, the untouched notebook, the mutants and variants of these keys (default: all of them).
-    `test_cells` and `solution_cells` are the grade ids the chapter's notebook must have, in order;
-    `kernel_env` is set while grading (e.g. one torch thread per kernel). Every test is marked slow."""
+    `test_cells` and `solution_cells` are the grade ids the chapter's notebook must have, in order. Every test is
+    marked slow."""
     chapter = ch.CHAPTER
     all_mutants = {m.key: m for m in ch.MUTANTS}
     all_variants = {v.key: v for v in ch.VARIANTS}
@@ -74,10 +73,7 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
             nbformat.write(nb, class_dir / student / f"{chapter}.ipynb")
         subs = grade.class_submissions(class_dir, [chapter], grade.course_chapters(grade.DEFAULT_COURSE_ROOT))
         start = time.monotonic()
-        with pytest.MonkeyPatch.context() as env:
-            for name, value in (kernel_env or {}).items():
-                env.setenv(name, value)
-            graded = grade.grade(subs, grade.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
+        graded = grade.grade(subs, grade.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
         print(f"graded {len(subs)} submissions of {chapter} in {time.monotonic() - start:.0f} s")
         return {r.student: r for r in graded}
 

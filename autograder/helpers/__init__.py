@@ -1,0 +1,24 @@
+"""Inputs that the judge asks the sandbox to build: a GPT with seeded weights, GPT-2's merge table, a model that
+counts its calls, a chooser that writes a script. Plain recipes, no answers: the sandbox builds them next to the
+learner's code (``make("common.gpt2_ranks")``), and the judge builds the same from the same recipe to compute
+what the learner's code should give. A helper module may use the course's reference of earlier chapters only:
+it runs in the sandbox of the chapter it helps, where that chapter and the later ones are not available.
+
+``make("module.Name", ...)`` calls ``Name`` from ``autograder.helpers.module``, a name its ``__all__`` lists.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+
+_KIND = re.compile(r"[a-z][a-z0-9_]*\.[A-Za-z][A-Za-z0-9_]*")
+
+
+def make(kind: str, *args, **kwargs):
+    if not _KIND.fullmatch(kind):
+        raise ValueError(f"no helper {kind!r}: name one as module.Name")
+    module_name, name = kind.split(".")
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    if name not in getattr(module, "__all__", ()):
+        raise ValueError(f"no helper {kind!r}")
+    return getattr(module, name)(*args, **kwargs)

@@ -1,0 +1,261 @@
+"""What a hidden test cell runs: ``check("test_pre_split", pre_split)``. It never judges anything.
+
+Graded by ``minigpt-grade``, a notebook runs in a sandbox, and ``check`` only serves: it connects to the judge
+outside (the Unix socket named by ``MINIGPT_JUDGE``), which runs the checks of that test cell and asks for
+calls of the learner's objects ("call pre_split with this text", "next item of this generator"); each answer
+goes back as plain data (``autograder.wire``). The expected answers, the checks and the verdict stay outside,
+where no learner code runs.
+
+Run anywhere else (plain ``nbgrader autograde``, the course's own tests) there is no judge to connect to, and
+the judge runs in this process instead: a trusted setting. The wall is the same plain data, so the verdicts
+are the same; only the isolation is missing.
+
+A hidden test leaves the learner's state as it found it: random generators (torch, ``random``, numpy) and
+torch's thread count.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import socket
+import sys
+
+from autograder import wire
+
+JUDGE_ENV = "MINIGPT_JUDGE"
+MAX_OBJECTS = 100_000  # objects one session may hold in the sandbox
+
+
+def check(grade_id: str, *objects) -> None:
+    """The hidden tests of the test cell ``grade_id``, on the learner's ``objects``."""
+    address = os.environ.get(JUDGE_ENV)
+    with untouched():
+        if address:
+            serve(address, grade_id, objects)
+        else:
+            from autograder.judge import judge_here  # trusted setting: the judge in this process
+
+            judge_here(grade_id, objects)
+
+
+@contextlib.contextmanager
+def untouched():
+    """Give back the learner's random state and torch's thread count, whatever the block does."""
+    state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_num_threads(1)  # the course's tensors are small: a second thread only waits
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(state)
+        if np_state is not None:
+            np.random.set_state(np_state)
+
+
+def serve(address: str, grade_id: str, objects: tuple) -> None:
+    """Answer the judge's requests about ``objects`` until it is done with this test cell."""
+    server = Server(objects)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(address)
+        wire.send(sock, {"hello": grade_id, "objects": [server.describe(i) for i in range(len(objects))]})
+        while True:
+            message = wire.receive(sock)
+            op = message.get("op")
+            if op == "done":
+                return
+            if op == "refused":
+                raise RuntimeError(f"the grader refused this test cell: {message.get('why')}")
+            wire.send(sock, server.answer(message))
+
+
+class Server:
+    """The sandbox's side of one test cell: the objects the judge may use, by number, and the answer to each of
+    its requests. Whatever the learner's code returns goes back as plain data; what is not plain data stays
+    here and goes back as a reference, a number the judge can ask about."""
+
+    def __init__(self, objects):
+        self.objects = dict(enumerate(objects))
+        self.counter = itertools.count(len(objects))
+
+    def describe(self, i: int) -> dict:
+        obj = self.objects[i]
+        return {"$": "ref", "id": i, "type": wire.type_name(obj), "repr": wire.safe_repr(obj),
+                "callable": callable(obj)}
+
+    def refer(self, obj) -> dict:
+        if len(self.objects) >= MAX_OBJECTS:
+            raise wire.Unsendable(f"more than {MAX_OBJECTS:,} objects in one test")
+        i = next(self.counter)
+        self.objects[i] = obj
+        return self.describe(i)
+
+    def resolve(self, ref: dict):
+        try:
+            return self.objects[ref["id"]]
+        except (KeyError, TypeError):
+            raise wire.WireError(f"no object {ref.get('id')!r} in this test") from None
+
+    def answer(self, message: dict) -> dict:
+        """The reply to one request: {"value": ...}, {"stop": true}, {"error": ...}, or {"bad": ...} for a
+        request this side cannot read (a bug of the grader's, never the learner's)."""
+        try:
+            op = message["op"]
+            target = self.resolve({"id": message["target"]}) if "target" in message else None
+            args = wire.decode(message.get("args", []), self.resolve)
+            kwargs = wire.decode(message.get("kwargs", {"$": "dict", "v": []}), self.resolve)
+            options = message.get("options") or {}
+            if not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(options, dict):
+                raise wire.WireError("malformed arguments")
+        except (KeyError, TypeError, wire.WireError) as err:
+            return {"bad": f"{type(err).__name__}: {err}"}
+        try:
+            with _options(options):
+                if op == "next":
+                    try:
+                        value = next(target)
+                    except StopIteration:
+                        return {"stop": True}
+                elif op == "collect":  # up to `limit` items of an iterable, in one reply
+                    limit = int(message.get("limit", 10_000))
+                    iterator = iter(target)
+                    value = list(itertools.islice(iterator, limit))
+                    try:
+                        extra = next(iterator)
+                    except StopIteration:
+                        return {"value": wire.encode(value, self.refer), "exhausted": True}
+                    value.append(extra)
+                    return {"value": wire.encode(value, self.refer), "exhausted": False}
+                elif op == "make":  # a helper object stays on this side, however plain: the judge holds a reference
+                    from autograder import helpers
+
+                    return {"value": self.refer(helpers.make(_name(message, "kind"), *args, **kwargs))}
+                elif op == "ask":  # a helper function's answer (plain data, or a reference)
+                    from autograder import helpers
+
+                    value = helpers.make(_name(message, "kind"), *args, **kwargs)
+                else:
+                    value = self._run(op, target, args, kwargs, message)
+        except KeyboardInterrupt:
+            raise  # the cell's time limit: this test ends here
+        except BaseException as err:  # noqa: BLE001 (SystemExit in the learner's code is an answer too)
+            return {"error": error_data(err)}
+        try:
+            return {"value": wire.encode(value, self.refer)}
+        except wire.Unsendable as err:
+            return {"error": {"type": "UnsendableValue", "bases": ["Exception"],
+                              "message": f"returned {err}, which the grader cannot read"}}
+
+    def _run(self, op, target, args, kwargs, message):
+        if op == "call":
+            return target(*args, **kwargs)
+        if op == "getattr":
+            return getattr(target, _name(message))
+        if op == "setattr":
+            setattr(target, _name(message), args[0])
+            return None
+        if op == "iter":
+            return iter(target)
+        if op == "len":
+            return len(target)
+        if op == "getitem":
+            return target[args[0]]
+        if op == "isinstance":
+            return isinstance(target, tuple(_type(name) for name in message["types"]))
+        if op == "release":
+            for i in args:
+                self.objects.pop(i, None)
+            return None
+        raise wire.WireError(f"unknown request {op!r}")
+
+
+def _name(message: dict, key: str = "name") -> str:
+    name = message.get(key)
+    if not isinstance(name, str) or len(name) > 200:
+        raise wire.WireError(f"a {key} that is not a short string")
+    return name
+
+
+def _type(dotted: str):
+    """A type named by the judge, e.g. "torch.nn.Linear": imported here, in the sandbox."""
+    import importlib
+
+    module, _, name = _name({"name": dotted}).rpartition(".")
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise wire.WireError(f"{dotted} is not a type")
+    return obj
+
+
+@contextlib.contextmanager
+def _options(options: dict):
+    """What the judge asks to hold while a request runs: ``seed`` (torch's generator seeded just before, so that
+    a sampler's draws can be compared), ``no_grad``, ``forbid`` (functions that raise if the learner's code
+    calls them, e.g. ["torch.softmax"] to tell whether a softmax was written or borrowed)."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        if options.get("no_grad"):
+            stack.enter_context(torch.no_grad())
+        for dotted in options.get("forbid", []):
+            stack.enter_context(_forbidden(dotted))
+        seed = options.get("seed")
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            torch.manual_seed(seed)
+            random.seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _forbidden(dotted: str):
+    import importlib
+
+    module_name, _, attr = _name({"name": dotted}).rpartition(".")
+    try:
+        owner = importlib.import_module(module_name)
+    except ImportError:  # a method: "torch.Tensor.softmax"
+        outer, _, cls = module_name.rpartition(".")
+        owner = getattr(importlib.import_module(outer), cls)
+    original = getattr(owner, attr)
+
+    def refuse(*args, **kwargs):
+        raise Forbidden(f"{dotted} is not available here")
+
+    setattr(owner, attr, refuse)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, original)
+
+
+class Forbidden(RuntimeError):
+    """Raised by a function the judge took away for one request."""
+
+
+def error_data(err: BaseException) -> dict:
+    """An exception of the learner's code as plain data: its type and bases, message, where in the learner's
+    code it was raised, and for a stub, which function still raises NotImplementedError."""
+    from coursekit.testing import innermost_function, learner_frame
+
+    try:
+        message = str.__add__("", str(err))
+    except BaseException:  # noqa: BLE001 (a hostile __str__)
+        message = f"<{wire.type_name(err)} whose message could not be read>"
+    data = {"type": wire.type_name(err), "message": message[:2000],
+            "bases": [t.__name__ for t in type(err).__mro__ if t.__module__ == "builtins"]}
+    try:
+        data["where"] = learner_frame(err.__traceback__)
+        if isinstance(err, NotImplementedError):
+            data["not_written"] = innermost_function(err.__traceback__)
+    except Exception:  # noqa: BLE001 (a frame we cannot read is a place we do not name)
+        pass
+    return data

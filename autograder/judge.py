@@ -1,0 +1,504 @@
+"""The judge: runs the checks of a test cell on the learner's objects, which stay where the learner's code runs.
+
+The checks (``autograder.checks``) are written as if they held the learner's functions; what they hold are
+``Remote`` stand-ins. Calling one, reading an attribute or iterating it sends a request to the other side
+(``autograder.hidden.Server``), which runs the learner's code and answers with plain data (``autograder.wire``).
+So nothing the learner's code does can reach the check's comparisons, its expected values or its messages: the
+learner's code runs in another process (a sandbox, when ``minigpt-grade`` grades), and what comes back is only
+numbers, strings, lists, tensors, or an error described by its type, message and line.
+
+Two ways to move the requests:
+
+- ``RunJudge``: for one notebook graded in a sandbox, a Unix socket the hidden cells connect to, one test cell
+  after the other; the verdicts stay in this process (``minigpt-grade``).
+- ``judge_here``: in the same process as the learner's code (plain ``nbgrader autograde``, the course's tests):
+  a trusted setting, through the same plain data.
+
+Checks must not share state between threads (several notebooks are judged at once): randomness comes from
+explicit generators or from ``seeded`` (which holds a lock), never from torch's global generator unlocked.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import pkgutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+from autograder import wire
+
+log = logging.getLogger("minigpt.judge")
+
+HELLO_TIMEOUT = 10.0  # seconds for a connection to say which test cell it serves
+MAX_SESSIONS_PER_CELL = 3  # connections one notebook may open, per graded cell
+
+
+class LearnerError(Exception):
+    """An exception of the learner's code, as the sandbox described it. Its class also derives from the
+    builtin type the learner's exception derives from (``ValueError``, ``NotImplementedError``, ...), so that
+    a check's ``except ValueError`` works as it would in process."""
+
+    type_name = "Exception"
+    where: dict | None = None
+    not_written: str | None = None
+    cell_name: str | None = None
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""  # the learner's message as it was (KeyError would quote it)
+
+
+_ERROR_CLASSES: dict[str, type] = {}
+_BUILTIN_BASES = ("NotImplementedError", "KeyError", "IndexError", "ValueError", "TypeError",
+                  "AttributeError", "ZeroDivisionError", "OverflowError", "RecursionError", "MemoryError",
+                  "RuntimeError", "ArithmeticError", "LookupError", "UnicodeError", "ImportError", "OSError")
+
+
+def learner_error(data: dict, cell_names: dict[str, str] | None = None) -> LearnerError:
+    bases = data.get("bases") if isinstance(data.get("bases"), list) else []
+    builtin = next((b for b in bases if b in _BUILTIN_BASES), None)
+    cls = _ERROR_CLASSES.get(builtin or "")
+    if cls is None:
+        parents = (LearnerError, getattr(builtins, builtin)) if builtin else (LearnerError,)
+        cls = _ERROR_CLASSES[builtin or ""] = type(f"Learner{builtin or 'Error'}", parents, {})
+    err = cls(_text(data.get("message"), 2000))
+    err.type_name = _text(data.get("type"), 200) or "Exception"
+    where = data.get("where")
+    if isinstance(where, dict) and isinstance(where.get("line"), int):
+        err.where = {"function": _text(where.get("function"), 200), "line": where["line"],
+                     "text": _text(where.get("text"), 160), "file": _text(where.get("file"), 300) or None,
+                     "cell": _text(where.get("cell"), 64) or None}
+        err.cell_name = (cell_names or {}).get(err.where["cell"] or "")
+    if isinstance(data.get("not_written"), str):
+        err.not_written = _text(data["not_written"], 200)
+    return err
+
+
+def _text(value, limit: int) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+class SessionLost(Exception):
+    """The other side stopped answering: the cell's time limit, a dead kernel, or a closed connection."""
+
+
+class GraderError(Exception):
+    """A mistake of the grader's own (a check that sent what cannot be sent, a request the sandbox could not
+    read): never the learner's fault."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# What checks hold: stand-ins for the learner's objects
+
+
+class Remote:
+    """An object that lives on the learner's side. Calls, attributes, iteration, len and indexing become
+    requests; the answers are plain data, or more stand-ins. It compares equal only to itself."""
+
+    __slots__ = ("_session", "_id", "_type", "_repr", "_callable")
+
+    def __init__(self, session: "Session", ref: dict):
+        self._session, self._id = session, ref["id"]
+        self._type = _text(ref.get("type"), 200) or "object"
+        self._repr = _text(ref.get("repr"), wire.MAX_REPR) or f"<{self._type} object>"
+        self._callable = bool(ref.get("callable"))
+
+    def __call__(self, *args, **kwargs):
+        return self._session.request("call", self, args=args, kwargs=kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)  # Python's own protocol lookups stay on this side
+        return self._session.request("getattr", self, name=name)
+
+    def __iter__(self):
+        return self._session.request("iter", self)
+
+    def __next__(self):
+        return self._session.request("next", self)
+
+    def __len__(self):
+        return self._session.request("len", self)
+
+    def __getitem__(self, key):
+        return self._session.request("getitem", self, args=(key,))
+
+    def __repr__(self) -> str:
+        return self._repr
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def type_of(obj) -> str:
+    """The type name of a learner's object, on whichever side it is."""
+    return obj._type if isinstance(obj, Remote) else wire.type_name(obj)
+
+
+def is_instance(obj, *type_names: str) -> bool:
+    """isinstance(obj, one of the types named "module.Name"), asked where the object lives."""
+    if isinstance(obj, Remote):
+        return bool(obj._session.request("isinstance", obj, types=list(type_names)))
+    from autograder.hidden import _type
+
+    return isinstance(obj, tuple(_type(n) for n in type_names))
+
+
+def set_attr(obj, name: str, value) -> None:
+    if isinstance(obj, Remote):
+        obj._session.request("setattr", obj, name=name, args=(value,))
+    else:
+        setattr(obj, name, value)
+
+
+def collect(obj, limit: int = 10_000) -> tuple[list, bool]:
+    """(up to ``limit`` items of an iterable, whether it ended), in one request."""
+    if isinstance(obj, Remote):
+        return obj._session.request("collect", obj, limit=limit)
+    import itertools
+
+    iterator = iter(obj)
+    items = list(itertools.islice(iterator, limit + 1))
+    return items[:limit], len(items) <= limit
+
+
+def make(kind: str, *args, **kwargs) -> Remote:
+    """A helper object (``autograder.helpers``, "module.Name") built on the learner's side for the test being
+    judged: always a stand-in, however plain the object (GPT-2's merge table stays there)."""
+    return _current().session.request("make", None, kind=kind, args=args, kwargs=kwargs)
+
+
+def ask(kind: str, *args, **kwargs):
+    """What a helper function (``autograder.helpers``, "module.name") returns when run on the learner's side, e.g.
+    the bytes a learner's cache holds: plain data, or a stand-in for what is not."""
+    return _current().session.request("ask", None, kind=kind, args=args, kwargs=kwargs)
+
+
+_options = threading.local()
+
+
+@contextlib.contextmanager
+def learner_side(**options):
+    """What the learner's side holds while this block's requests run: ``no_grad=True``, ``seed=N`` (torch's
+    and ``random``'s generators seeded just before each request), ``forbid=["torch.softmax"]``."""
+    before = getattr(_options, "value", {})
+    _options.value = {**before, **options}
+    try:
+        yield
+    finally:
+        _options.value = before
+
+
+_SEED_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """torch's global generator seeded for this block, and given back after; one block at a time in this process
+    (the judge runs several notebooks' checks in threads)."""
+    import torch
+
+    with _SEED_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sessions: one test cell's conversation with the learner's side
+
+
+class Session:
+    def __init__(self, cell_names: dict[str, str] | None = None):
+        self.cell_names = cell_names or {}
+
+    def exchange(self, message: dict) -> dict:
+        raise NotImplementedError
+
+    def remote(self, ref: dict) -> Remote:
+        if not isinstance(ref, dict) or not isinstance(ref.get("id"), int):
+            raise wire.WireError("a malformed reference")
+        return Remote(self, ref)
+
+    def request(self, op: str, target: Remote | None = None, *, args=(), kwargs=None, **fields):
+        message = {"op": op, **fields}
+        if target is not None:
+            if target._session is not self:
+                raise GraderError("a stand-in of another test cell")
+            message["target"] = target._id
+        try:
+            message["args"] = wire.encode(list(args), _refer)
+            message["kwargs"] = wire.encode(dict(kwargs or {}), _refer)
+        except wire.Unsendable as err:
+            raise GraderError(f"the check tried to send {err}") from None
+        options = getattr(_options, "value", None)
+        if options:
+            message["options"] = options
+        reply = self.exchange(message)
+        if "value" in reply:
+            try:
+                value = wire.decode(reply["value"], self.remote)
+            except wire.WireError as err:
+                raise learner_error({"type": "UnreadableValue", "bases": ["Exception"],
+                                     "message": f"returned {err}"}) from None
+            return (value, bool(reply.get("exhausted"))) if op == "collect" else value
+        if reply.get("stop") is True:
+            raise StopIteration
+        if isinstance(reply.get("error"), dict):
+            raise learner_error(reply["error"], self.cell_names)
+        if "bad" in reply:
+            raise GraderError(f"the learner's side could not read a request: {_text(reply['bad'], 500)}")
+        raise SessionLost("an answer that is not one")
+
+
+def _refer(obj) -> dict:
+    if isinstance(obj, Remote):
+        return {"$": "ref", "id": obj._id}
+    raise wire.Unsendable(f"a {type(obj).__name__} of the grader's (only plain data and stand-ins can be sent)")
+
+
+class LocalSession(Session):
+    """The learner's objects in this very process (trusted): each request and answer still goes through JSON."""
+
+    def __init__(self, objects: tuple):
+        super().__init__()
+        from autograder.hidden import Server
+
+        self.server = Server(objects)
+
+    def exchange(self, message: dict) -> dict:
+        return json.loads(json.dumps(self.server.answer(json.loads(json.dumps(message)))))
+
+
+class SocketSession(Session):
+    def __init__(self, sock: socket.socket, deadline: float, cell_names: dict[str, str]):
+        super().__init__(cell_names)
+        self.sock, self.deadline = sock, deadline
+
+    def exchange(self, message: dict) -> dict:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise SessionLost("the test cell ran past its time limit")
+        self.sock.settimeout(left)
+        try:
+            wire.send(self.sock, message)
+            return wire.receive(self.sock)
+        except (OSError, EOFError, wire.WireError) as err:  # socket.timeout is an OSError
+            raise SessionLost(_lost_reason(err)) from None
+
+
+def _lost_reason(err: Exception) -> str:
+    if isinstance(err, TimeoutError):
+        return "the learner's code did not answer before the cell's time limit"
+    if isinstance(err, EOFError):
+        return "the notebook stopped this test before it finished (the cell's time limit, or the kernel died)"
+    return f"the connection to the notebook broke ({type(err).__name__}: {err})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks, by test cell
+
+
+_CELLS: dict[str, object] = {}
+_LOADED = threading.Lock()
+
+
+def cell(grade_id: str):
+    """Decorator: this function checks the test cell ``grade_id`` (its arguments: what the hidden test passes)."""
+    def register(fn):
+        if grade_id in _CELLS and _CELLS[grade_id] is not fn:
+            raise ValueError(f"two checks for the test cell {grade_id}")
+        _CELLS[grade_id] = fn
+        return fn
+    return register
+
+
+def checks() -> dict[str, object]:
+    """{grade_id: check} of every chapter (imports every module of ``autograder.checks`` once)."""
+    with _LOADED:
+        import autograder.checks as package
+
+        for info in pkgutil.iter_modules(package.__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{package.__name__}.{info.name}")
+    return _CELLS
+
+
+@dataclasses.dataclass
+class Verdict:
+    grade_id: str
+    status: str  # passed | failed | unfinished (the test did not end) | grader-error
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+class _Context(threading.local):
+    session: Session | None = None
+    verdicts: dict[str, Verdict] | None = None
+
+
+_context = _Context()
+
+
+def _current() -> _Context:
+    if _context.session is None:
+        raise GraderError("no test is being judged in this thread")
+    return _context
+
+
+def earlier(grade_id: str) -> Verdict | None:
+    """The verdict of an earlier test cell of the notebook being judged (to say where a loss comes from)."""
+    return (_current().verdicts or {}).get(grade_id)
+
+
+def judge(session: Session, grade_id: str, objects: list, verdicts: dict[str, Verdict]) -> Verdict:
+    """Run the checks of ``grade_id`` on the stand-ins ``objects``: the verdict, never an exception."""
+    from coursekit.testing import describe_error
+
+    start = time.monotonic()
+    fn = checks().get(grade_id)
+    if fn is None:
+        return Verdict(grade_id, "grader-error", f"no checks for the test cell {grade_id}")
+    _context.session, _context.verdicts = session, verdicts
+    try:
+        fn(*objects)
+        verdict = Verdict(grade_id, "passed")
+    except AssertionError as err:
+        verdict = Verdict(grade_id, "failed", str(err) or "failed")
+    except LearnerError as err:  # an error of the learner's code that the check did not expect
+        verdict = Verdict(grade_id, "failed", describe_error(err))
+    except SessionLost as err:
+        verdict = Verdict(grade_id, "unfinished", f"the hidden tests did not finish: {err}")
+    except Exception:  # noqa: BLE001 (a bug of the grader's; its traceback goes to the instructor's log only)
+        log.exception("the checks of %s failed", grade_id)
+        verdict = Verdict(grade_id, "grader-error",
+                          "the grader could not check this cell (an error of the grader's, reported to the instructor)")
+    finally:
+        _context.session = _context.verdicts = None
+    verdict.seconds = time.monotonic() - start
+    return verdict
+
+
+# The trusted setting: the judge in the learner's process.
+_here: dict[str, Verdict] = {}
+
+
+def judge_here(grade_id: str, objects: tuple) -> None:
+    """Judge a test cell in this process; an AssertionError with the message if it fails."""
+    session = LocalSession(objects)
+    stand_ins = [session.remote(session.server.describe(i)) for i in range(len(objects))]
+    verdict = judge(session, grade_id, stand_ins, _here)
+    _here[grade_id] = verdict
+    if not verdict.passed:
+        raise AssertionError(verdict.message)
+
+
+def forget_here() -> None:
+    """Forget the verdicts of ``judge_here`` (a new notebook in the same process)."""
+    _here.clear()
+
+
+# ---------------------------------------------------------------------------------------------------
+# A sandboxed notebook: its hidden cells connect to a socket
+
+
+class RunJudge:
+    """The judge of one notebook run: listens on ``path``; each connection is one hidden test cell saying which
+    (``hello``), then answering the checks' requests. Connections are served one at a time, each test cell at
+    most once, and only the chapter's own test cells; the verdicts stay here (``verdicts``)."""
+
+    def __init__(self, path: Path, grade_ids: list[str], cell_names: dict[str, str], cell_timeout: float):
+        self.path, self.grade_ids, self.cell_names = Path(path), list(grade_ids), dict(cell_names)
+        self.cell_timeout = cell_timeout
+        self.verdicts: dict[str, Verdict] = {}
+        self.executed: dict | None = None  # the executor's report of the run (untrusted: only shown)
+        self.refused: list[str] = []
+        self._stop = threading.Event()
+        self._sessions = 0
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(self.path))
+        self._listener.listen(4)
+        self._listener.settimeout(0.2)
+        self._thread = threading.Thread(target=self._serve, name=f"judge {self.path.parent.name}", daemon=True)
+
+    def __enter__(self) -> "RunJudge":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """After the run: serve what is still waiting (the executor's report may come in its last moment)."""
+        self._stop.set()
+        self._thread.join()
+        self._listener.settimeout(0)
+        with contextlib.suppress(OSError):
+            while self._sessions < self._max_sessions:
+                self._accept_one()
+        self._listener.close()
+        self.path.unlink(missing_ok=True)
+
+    @property
+    def _max_sessions(self) -> int:
+        return MAX_SESSIONS_PER_CELL * max(1, len(self.grade_ids)) + 2
+
+    def _serve(self) -> None:
+        while not self._stop.is_set() and self._sessions < self._max_sessions:
+            try:
+                self._accept_one()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def _accept_one(self) -> None:
+        conn, _ = self._listener.accept()
+        self._sessions += 1
+        with conn:
+            try:
+                self._session(conn)
+            except Exception:  # noqa: BLE001 (one broken connection must not end the others)
+                log.exception("a judge session of %s broke", self.path)
+
+    def _session(self, conn: socket.socket) -> None:
+        conn.settimeout(HELLO_TIMEOUT)
+        try:
+            hello = wire.receive(conn)
+        except (OSError, EOFError, wire.WireError):
+            return
+        if "executed" in hello:
+            self.executed = hello
+            return
+        grade_id, objects = hello.get("hello"), hello.get("objects")
+        why = None
+        if not isinstance(grade_id, str) or grade_id not in self.grade_ids:
+            why = f"{str(grade_id)[:80]!r} is not a test cell of this notebook"
+        elif grade_id in self.verdicts:
+            why = f"{grade_id} was already judged in this run"
+        elif not isinstance(objects, list) or len(objects) > 16:
+            why = "a malformed hello"
+        if why:
+            self.refused.append(why)
+            with contextlib.suppress(OSError, wire.WireError):
+                wire.send(conn, {"op": "refused", "why": why})
+            return
+        session = SocketSession(conn, time.monotonic() + self.cell_timeout, self.cell_names)
+        try:
+            stand_ins = [session.remote(ref) for ref in objects]
+        except wire.WireError:
+            return
+        self.verdicts[grade_id] = judge(session, grade_id, stand_ins, self.verdicts)
+        with contextlib.suppress(OSError, wire.WireError):
+            conn.settimeout(5)
+            wire.send(conn, {"op": "done"})
