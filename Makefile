@@ -16,13 +16,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # A MPLBACKEND inherited from the shell would replace the notebooks' inline backend: no plots in the book.
 unexport MPLBACKEND
 
-.PHONY: course test test-fast env notebooks bench bench-grading model clean browser student-release
+.PHONY: course test test-fast env notebooks bench bench-grading model clean system-packages student-release
 
 course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
-test: $(STAMP) browser
+test: $(STAMP) system-packages
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Everything but the minutes-long tests (real nbgrader runs, the book build, the browser).
@@ -41,11 +41,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
-# The browser tests drive Debian's Chromium headless.
-browser:
-	@command -v chromium >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
-	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; }
+# Debian packages the tests need: Chromium (the browser tests drive it headless) and bubblewrap (minigpt-grade's
+# sandbox). Installed with apt-get when this runs as root; otherwise the command to run is printed.
+SYSTEM_PACKAGES := chromium:chromium bwrap:bubblewrap
+system-packages:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "The tests need:$$missing (sudo apt-get install$$missing)"; exit 1; fi; fi
 
 # After editing a notebook in solutions/: regenerate the reference package and the learner notebooks.
 notebooks: $(STAMP)

@@ -34,6 +34,7 @@ import csv
 import dataclasses
 import hashlib
 import html
+import importlib
 import json
 import os
 import re
@@ -256,13 +257,16 @@ def read_submission(path: Path) -> bytes | str:
         if err.errno == 40:  # ELOOP: the last part of the path is a link
             return "a symbolic link, not a notebook file (hand in the file itself)"
         return f"cannot be read ({err.strerror})"
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return "not a regular file"
         if info.st_size > MAX_SUBMISSION:
             return f"{info.st_size / 2**20:.0f} MB, more than a notebook of this course can be ({MAX_SUBMISSION // 2**20} MB)"
-        return f.read(MAX_SUBMISSION + 1)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_SUBMISSION + 1)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -561,18 +565,18 @@ def blocked_modules(chapter: str) -> list[str]:
     return sorted(f"minigpt.{module}" for folder, module in CHAPTERS.items() if folder[:2] >= chapter[:2])
 
 
-def run_one(s: Submission, nb: nbformat.NotebookNode, course_root: Path, limits: Limits, sandboxed: bool,
+def run_one(s: Submission, nb: nbformat.NotebookNode, limits: Limits, sandboxed: bool,
             threads: int = 1) -> RunOutcome:
     """Run a sanitized notebook; a run whose kernel never started (no cell ran) is run once more."""
-    outcome = _run_once(s, nb, course_root, limits, sandboxed, threads)
+    outcome = _run_once(s, nb, limits, sandboxed, threads)
     if not outcome.started:
         first = outcome.seconds
-        outcome = _run_once(s, nb, course_root, limits, sandboxed, threads)
+        outcome = _run_once(s, nb, limits, sandboxed, threads)
         outcome.seconds += first
     return outcome
 
 
-def _run_once(s: Submission, nb: nbformat.NotebookNode, course_root: Path, limits: Limits, sandboxed: bool,
+def _run_once(s: Submission, nb: nbformat.NotebookNode, limits: Limits, sandboxed: bool,
               threads: int) -> RunOutcome:
     from autograder.judge import RunJudge
 
@@ -588,9 +592,8 @@ def _run_once(s: Submission, nb: nbformat.NotebookNode, course_root: Path, limit
         with RunJudge(run_dir / "sock" / "judge", judged_cells(nb), solution_cell_names(nb),
                       cell_timeout=limits.cell_timeout + 15) as judge:
             if sandboxed:
-                args = sandbox.command(course_root=course_root, chapter=s.chapter, blocked=blocked,
-                                       run_dir=run_dir, notebook_name=name, cell_timeout=limits.cell_timeout,
-                                       limits=box, threads=threads)
+                args = sandbox.command(chapter=s.chapter, blocked=blocked, run_dir=run_dir, notebook_name=name,
+                                       cell_timeout=limits.cell_timeout, limits=box, threads=threads)
                 outcome = sandbox.run(args, box)
             else:
                 work = run_dir / "work"
@@ -611,7 +614,9 @@ def _run_once(s: Submission, nb: nbformat.NotebookNode, course_root: Path, limit
         elif executed is None:
             incident = "the notebook stopped before its end (its run was killed from inside)"
         elif executed.get("status") != "ran":
-            incident = f"the notebook's kernel died before the end ({str(executed.get('detail'))[:200]})"
+            detail = str(executed.get("detail")).strip().splitlines()[0][:200] if executed.get("detail") else ""
+            incident = ("a cell ran past its time limit and did not stop when interrupted" if "Timeout" in detail
+                        else "the notebook's kernel died before the end") + (f" ({detail})" if detail else "")
         return RunOutcome(judge.verdicts, executed, outcome.seconds, incident,
                           log=outcome.log + "".join(f"\nrefused: {why}" for why in judge.refused),
                           started=ran > 0 or outcome.timed_out or bool(judge.verdicts))
@@ -643,10 +648,11 @@ def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNod
         if not (meta.get("grade") and HIDDEN_BLOCK.search(cell.source)):
             continue
         verdict = run.verdicts.get(meta["grade_id"])
-        if verdict is None:
+        if verdict is None and not any(o.output_type == "error" for o in cell.outputs):
+            # (a cell whose own error stopped it before its hidden tests is explained by that error)
             cell.outputs.append(_error("NotRun", "the hidden tests of this cell did not run" + (
-                f": {run.incident}" if run.incident else " (the cell stopped before them: see its output)")))
-        elif not verdict.passed:
+                f": {run.incident}" if run.incident else " (the notebook stopped them before they reached the grader)")))
+        elif verdict is not None and not verdict.passed:
             ename = {"failed": "AssertionError", "unfinished": "Unfinished"}.get(verdict.status, "GraderError")
             cell.outputs.append(_error(ename, verdict.message))
     return nb
@@ -935,7 +941,8 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     chapters = sorted({s.chapter for s in submissions})
     ws = Workspace(workdir, course_root)
     ws.open(chapters, fresh, verbose)
-    judge.checks()  # the checks, torch and the oracles load once, before the first notebook runs
+    for ch in chapters:
+        judge.checks(ch)  # the checks, torch and the oracles load once, before the first notebook runs
     released = {ch: ws.released_grade_ids(ch) for ch in chapters}
     all_ids = {ch: set(ids) for ch, ids in released.items()}
     for ch in course_chapters(course_root):
@@ -997,7 +1004,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         jobs = jobs or default_jobs()
         threads = max(1, default_jobs() // min(jobs, max(1, len(todo))))  # each notebook's share of the cores
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_one, s, prepared, course_root, limits, sandboxed, threads):
+            futures = {pool.submit(run_one, s, prepared, limits, sandboxed, threads):
                        (s, digest, data, prepared, notes) for s, digest, data, prepared, notes in todo}
             for future in concurrent.futures.as_completed(futures):
                 s, digest, data, prepared, notes = futures[future]
@@ -1106,6 +1113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"seconds one cell may take (default: {DEFAULT_CELL_TIMEOUT})")
     parser.add_argument("--memory", default=DEFAULT_MEMORY,
                         help=f"memory of one notebook's processes together, e.g. 4G (default: {DEFAULT_MEMORY})")
+    parser.add_argument("--checks", action="append", default=[], metavar="MODULE",
+                        help="also load the checks registered in this Python module (a course folder of your own "
+                             "given with --course-root)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run notebooks without the sandbox (the learner's code runs with your rights: only "
                              "for notebooks you trust; every row says NOT ISOLATED)")
@@ -1141,6 +1151,11 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.chapter) > 1:
                 raise UsageError("give one --chapter with loose notebooks")
             submissions = notebook_submissions(args.notebooks, args.student, chapter, known)
+        for module in args.checks:
+            try:
+                importlib.import_module(module)
+            except ImportError as err:
+                raise UsageError(f"--checks {module}: {err}") from None
         if args.no_sandbox:
             warn("--no-sandbox: the notebooks' code runs with your rights, not isolated; grade only notebooks you trust")
         results = grade(submissions, course_root, workdir, jobs=args.jobs, limits=limits, fresh=args.fresh,

@@ -22,10 +22,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import logging
-import pkgutil
 import socket
 import threading
 import time
@@ -162,14 +162,14 @@ def set_attr(obj, name: str, value) -> None:
 
 
 def collect(obj, limit: int = 10_000) -> tuple[list, bool]:
-    """(up to ``limit`` items of an iterable, whether it ended), in one request."""
+    """(the items of an iterable, whether it ended), in one request: ``limit`` items, and the one after them if
+    there is one (taken to tell whether it ended; nothing taken is dropped)."""
     if isinstance(obj, Remote):
         return obj._session.request("collect", obj, limit=limit)
     import itertools
 
-    iterator = iter(obj)
-    items = list(itertools.islice(iterator, limit + 1))
-    return items[:limit], len(items) <= limit
+    items = list(itertools.islice(iter(obj), limit + 1))
+    return items, len(items) <= limit
 
 
 def make(kind: str, *args, **kwargs) -> Remote:
@@ -322,15 +322,39 @@ def cell(grade_id: str):
     return register
 
 
-def checks() -> dict[str, object]:
-    """{grade_id: check} of every chapter (imports every module of ``autograder.checks`` once)."""
-    with _LOADED:
-        import autograder.checks as package
+def checks(chapter: str) -> dict[str, object]:
+    """{grade_id: check} once the checks of ``chapter`` (its module in ``autograder.checks``, named as in
+    ``minigpt.CHAPTERS``) are imported."""
+    from minigpt import CHAPTERS
 
-        for info in pkgutil.iter_modules(package.__path__):
-            if not info.name.startswith("_"):
-                importlib.import_module(f"{package.__name__}.{info.name}")
+    if chapter in CHAPTERS:
+        _load(CHAPTERS[chapter])
     return _CELLS
+
+
+def _load(module: str) -> None:
+    import autograder.checks as package
+
+    with _LOADED:
+        importlib.import_module(f"{package.__name__}.{module}")
+
+
+@functools.cache
+def _modules_by_cell() -> dict[str, str]:
+    """{grade_id: check module} read from the modules' source (``@cell("...")``), so that judging one test cell
+    imports only its own chapter's checks."""
+    import ast
+
+    import autograder.checks as package
+
+    found = {}
+    for folder in package.__path__:
+        for path in sorted(Path(folder).glob("[!_]*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "cell" and node.args and \
+                        isinstance(node.args[0], ast.Constant):
+                    found[node.args[0].value] = path.stem
+    return found
 
 
 @dataclasses.dataclass
@@ -369,7 +393,13 @@ def judge(session: Session, grade_id: str, objects: list, verdicts: dict[str, Ve
     from coursekit.testing import describe_error
 
     start = time.monotonic()
-    fn = checks().get(grade_id)
+    try:
+        if grade_id not in _CELLS and grade_id in _modules_by_cell():
+            _load(_modules_by_cell()[grade_id])
+        fn = _CELLS.get(grade_id)
+    except Exception:  # noqa: BLE001 (a check module that does not import)
+        log.exception("the checks of %s could not be loaded", grade_id)
+        fn = None
     if fn is None:
         return Verdict(grade_id, "grader-error", f"no checks for the test cell {grade_id}")
     _context.session, _context.verdicts = session, verdicts

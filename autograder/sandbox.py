@@ -72,12 +72,14 @@ def _stub(module: str, chapter: str) -> str:
             f'{chapter} is graded: write it yourself in the notebook")\n')
 
 
-def command(*, course_root: Path, chapter: str, blocked: list[str], run_dir: Path, notebook_name: str,
-            cell_timeout: int, limits: Limits, threads: int = 1) -> list[str]:
+def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: str, cell_timeout: int,
+            limits: Limits, threads: int = 1, program: list[str] | None = None) -> list[str]:
     """The bwrap command line that runs ``python -m autograder.execute`` on the notebook in ``run_dir/in``.
     ``blocked``: the reference modules (``minigpt.tokens``, ...) the notebook may not import; ``threads``: its
-    share of the cores."""
-    course_root = course_root.resolve()
+    share of the cores; ``program``: other arguments for the sandbox's python than the executor's."""
+    import coursekit
+    import minigpt
+
     venv, base = Path(sys.prefix), Path(sys.base_prefix)
     args = [bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(UID), "--gid", str(UID),
             "--hostname", "sandbox", "--cap-drop", "ALL", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc",
@@ -95,15 +97,14 @@ def command(*, course_root: Path, chapter: str, blocked: list[str], run_dir: Pat
         args += ["--ro-bind", str(run_dir / "etc" / name), f"/etc/{name}"]
     for folder in sorted({base, venv}):
         args += ["--ro-bind", str(folder), str(folder)]
-    # The course: coursekit whole, minigpt with the graded chapter and later ones replaced by stubs, the
-    # sandbox's side of the autograder.
-    src = course_root / "src"
-    args += ["--ro-bind", str(src / "coursekit"), str(src / "coursekit"),
-             "--ro-bind", str(src / "minigpt"), str(src / "minigpt")]
-    if (src / "minigpt" / "__pycache__").is_dir():
-        args += ["--tmpfs", str(src / "minigpt" / "__pycache__")]
+    # The course's packages, where this environment installed them: coursekit whole, minigpt with the graded
+    # chapter and later ones replaced by stubs, the sandbox's side of the autograder.
+    kit, reference = Path(coursekit.__file__).resolve().parent, Path(minigpt.__file__).resolve().parent
+    args += ["--ro-bind", str(kit), str(kit), "--ro-bind", str(reference), str(reference)]
+    if (reference / "__pycache__").is_dir():
+        args += ["--tmpfs", str(reference / "__pycache__")]
     for module in blocked:
-        target = src / "minigpt" / (module.split(".", 1)[1] + ".py")
+        target = reference / (module.split(".", 1)[1] + ".py")
         if target.exists():
             args += ["--ro-bind", str(run_dir / "stubs" / f"{module}.py"), str(target)]
     autograder = PACKAGE_DIR
@@ -119,20 +120,21 @@ def command(*, course_root: Path, chapter: str, blocked: list[str], run_dir: Pat
              "--dir", str(work),
              "--ro-bind", str(run_dir / "in"), str(INSIDE / "in"),
              "--ro-bind", str(run_dir / "sock"), str(INSIDE / "sock"),
+             "--remount-ro", "/",  # the folders made above for the binds: read-only too
              "--chdir", str(work), "--clearenv"]
     env = {
         "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(HOME), "USER": "learner",
         "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": "/tmp/hf",
-        "TIKTOKEN_CACHE_DIR": str(src / "coursekit" / "data" / "tiktoken"),
+        "TIKTOKEN_CACHE_DIR": str(kit / "data" / "tiktoken"),
         "MPLCONFIGDIR": "/tmp/matplotlib", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime",
         "IPYTHONDIR": "/tmp/ipython", "MINIGPT_JUDGE": str(INSIDE / "sock" / "judge"),
         "OMP_NUM_THREADS": str(threads),  # notebooks graded at once share the cores
     }
     for key, value in env.items():
         args += ["--setenv", key, value]
-    args += [str(venv / "bin" / "python"), "-m", "autograder.execute", str(INSIDE / "in" / notebook_name),
-             "--timeout", str(cell_timeout)]
+    args += [str(venv / "bin" / "python")] + (program or [
+        "-m", "autograder.execute", str(INSIDE / "in" / notebook_name), "--timeout", str(cell_timeout)])
     return args
 
 
@@ -180,11 +182,25 @@ class Cgroup:
                     (path / key).write_text(str(value))
 
     @classmethod
-    def make(cls, name: str, limits: Limits) -> "Cgroup | None":
+    def make(cls, limits: Limits) -> "Cgroup | None":
+        """A new cgroup named after this process (so that a later grader can tell it is left over), or None
+        where none can be made."""
+        cls.sweep()
         try:
-            return cls(name, limits)
+            return cls(f"{os.getpid()}-{uuid.uuid4().hex[:12]}", limits)
         except OSError:
             return None
+
+    @staticmethod
+    def sweep() -> None:
+        """Remove the cgroups that graders no longer running left behind (killed before they could)."""
+        for parent in (CGROUP_ROOT / CGROUP_PARENT, CGROUP_ROOT / "memory" / CGROUP_PARENT,
+                       CGROUP_ROOT / "pids" / CGROUP_PARENT):
+            for path in parent.glob("*-*") if parent.is_dir() else ():
+                owner = path.name.split("-", 1)[0]
+                if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                    with contextlib.suppress(OSError):
+                        path.rmdir()  # only an empty cgroup can be removed: its processes died with the grader
 
     def enter(self) -> None:
         """In the child, before exec: this process and all it starts belong to the run's cgroup."""
@@ -192,14 +208,12 @@ class Cgroup:
             (path / "cgroup.procs").write_text(str(os.getpid()))
 
     def out_of_memory(self) -> bool:
+        """Whether the kernel killed a process of the run for memory (v1: memory.oom_control, v2: memory.events)."""
         for path in self.paths:
-            for key in ("memory.failcnt", "memory.events"):
+            for key in ("memory.oom_control", "memory.events"):
                 with contextlib.suppress(OSError, ValueError):
-                    text = (path / key).read_text()
-                    if key == "memory.failcnt" and int(text) > 0:
-                        return True
-                    if key == "memory.events" and any(line.split()[0] in ("oom_kill", "max") and int(line.split()[1])
-                                                      for line in text.splitlines()):
+                    counts = dict(line.split() for line in (path / key).read_text().splitlines() if " " in line)
+                    if int(counts.get("oom_kill", 0)) > 0:
                         return True
         return False
 
@@ -252,10 +266,9 @@ class Outcome:
     memory_exceeded: bool = False
 
 
-def run(args: list[str], limits: Limits, *, cgroup_name: str | None = None, sandboxed: bool = True,
-        env: dict[str, str] | None = None, cwd: Path | None = None) -> Outcome:
-    """Run ``args`` (a bwrap command, or with ``sandboxed=False`` the bare executor) under the limits, and wait."""
-    cgroup = Cgroup.make(cgroup_name or f"run-{uuid.uuid4().hex[:12]}", limits)
+def run(args: list[str], limits: Limits, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> Outcome:
+    """Run ``args`` (a bwrap command, or the bare executor) under the limits, and wait."""
+    cgroup = Cgroup.make(limits)
     memory = limits.memory
 
     def preexec() -> None:
@@ -285,17 +298,32 @@ def run(args: list[str], limits: Limits, *, cgroup_name: str | None = None, sand
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill_family(proc)
         stop.set()
+        exceeded = bool(tripped) or (cgroup is not None and cgroup.out_of_memory())
         if cgroup is not None:
             cgroup.remove()
         reader.join(timeout=5)
-    exceeded = bool(tripped) or (cgroup is not None and cgroup.out_of_memory())
     isolation = "cgroup" if cgroup is not None else "watchdog"
     return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - start,
                    b"".join(kept).decode("utf-8", "replace"), isolation, exceeded)
+
+
+def _kill_family(proc: subprocess.Popen) -> None:
+    """Kill a run and everything it started: its process group, and the descendants that left it (a kernel
+    starts in a session of its own); in a sandbox, killing bwrap ends its whole process namespace too."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    proc.wait()
 
 
 def _keep_output(stream, kept: list[bytes]) -> None:

@@ -444,23 +444,23 @@ class Fingerprints:
         shipped = _flat("\n".join(readable_text(p, p.read_bytes()) or ""
                                   for folder in ("src/coursekit", "notebooks", "book")
                                   for p in _files(course_root / folder) if p.suffix in (".py", ".ipynb", ".md")))
-        names = []
+        cells = []
         for check in sorted((course_root / "autograder" / "checks").glob("*.py")):
             where = f"autograder/checks/{check.name}"
             tree = ast.parse(check.read_text(encoding="utf-8"))
-            names += [(node.name, where) for node in tree.body
-                      if isinstance(node, ast.FunctionDef) and node.name.startswith("check_")]
+            cells += [(d.args[0].value, where) for node in tree.body if isinstance(node, ast.FunctionDef)
+                      for d in node.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "cell"
+                      and d.args and isinstance(d.args[0], ast.Constant)]
             for node in ast.walk(tree):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     text = _flat(node.value)
                     # Text the learner side shows anyway (coursekit's own messages) says nothing hidden.
                     if len(text) >= MIN_CHECK_STRING_CHARS and text not in shipped:
                         self.snippets.append((text, f"text of {where}"))
-        self.check_names = dict(names)
-        # Hidden tests call `checks.check_x(...)`; a bare name such as check_attention may well be the
-        # learner side's own (coursekit's capstone has one).
-        self.check_call = (re.compile(r"\bchecks\s*\.\s*(" + "|".join(map(re.escape, sorted(self.check_names)))
-                                      + r")\b") if names else None)
+        self.check_cells = dict(cells)
+        # Hidden tests call `check("test_x", ...)` with the grade id of a cell the judge has checks for.
+        self.check_call = (re.compile(r"\bcheck\s*\(\s*[\"'](" + "|".join(map(re.escape, sorted(self.check_cells)))
+                                      + r")[\"']") if cells else None)
 
 
 def scan(out: Path, course_root: Path = COURSE_ROOT) -> list[str]:
@@ -495,9 +495,9 @@ def scan(out: Path, course_root: Path = COURSE_ROOT) -> list[str]:
         words = set(flat.split())  # a cheap first test: a snippet's words must all be in the file
         findings += [f"{rel}: {what}" for snippet, what in prints.snippets
                      if words.issuperset(snippet.split()) and snippet in flat]
-        if prints.check_call and "checks" in text:
+        if prints.check_call and "check" in text:
             for name in sorted(set(prints.check_call.findall(text))):
-                findings.append(f"{rel}: calls the hidden check checks.{name} ({prints.check_names[name]})")
+                findings.append(f"{rel}: calls the hidden test check({name!r}) ({prints.check_cells[name]})")
     return findings + package_findings(out) + stub_findings(out)
 
 

@@ -1,7 +1,8 @@
-"""minigpt-grade, end to end through real nbgrader, on a one-function demo chapter in a tmp course.
+"""minigpt-grade, end to end (sandbox, nbgrader's preprocessors, the judge), on a one-function demo chapter in a
+tmp course.
 
-The demo chapter `99-demo` asks for `add(a, b)`: a visible test, a hidden test that calls a check in a
-module outside the notebook (as the course's hidden tests call `autograder.checks`), and a one-point
+The demo chapter `99-demo` asks for `add(a, b)`: a visible test, a hidden test whose check is registered for
+the judge in a module outside the notebook (as the course's are in `autograder.checks`), and a one-point
 visible test. Grading runs twice: the instructor solution alone, then a class folder with a correct,
 an untouched, a wrong and a corrupt submission.
 """
@@ -22,6 +23,10 @@ CHAPTER = "99-demo"
 ROOT = Path(__file__).resolve().parents[1]
 
 CHECKS = '''
+from autograder.judge import cell
+
+
+@cell("test_add")
 def check_add(add):
     got = add(-2, 5)
     assert got == 3, f"add(-2, 5) returned {got!r}, expected 3: negative numbers add like any other"
@@ -37,9 +42,8 @@ def add(a, b):
 TEST_ADD = """\
 assert add(1, 2) == 3, "add(1, 2) should be 3"
 ### BEGIN HIDDEN TESTS
-import autograder.checks  # the course's checks are importable in the grading kernel
-from demo_checks import check_add
-check_add(add)
+from autograder.hidden import check
+check("test_add", add)
 ### END HIDDEN TESTS
 """
 
@@ -82,14 +86,15 @@ def learner_copy(released: Path, body: str) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """A course root with one chapter; the hidden check lives in a module on PYTHONPATH."""
+    """A course root with one chapter; its check lives in a module on the path, loaded with --checks."""
     root = tmp_path_factory.mktemp("course")
     (root / "solutions" / CHAPTER).mkdir(parents=True)
     nbformat.write(demo_notebook(), root / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
     (root / "checks").mkdir()
     (root / "checks" / "demo_checks.py").write_text(CHECKS)
     mp = pytest.MonkeyPatch()
-    mp.setenv("PYTHONPATH", str(root / "checks"))
+    mp.setenv("PYTHONPATH", str(root / "checks"))  # for the batch run as a program
+    mp.syspath_prepend(str(root / "checks"))
     yield root
     mp.undo()
 
@@ -105,7 +110,7 @@ def solution_run(course):
     """Grade the instructor notebook itself, as one learner notebook."""
     out = course / "solution.json"
     code = grade.main([str(course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"),
-                       "--course-root", str(course), "--json", str(out)])
+                       "--course-root", str(course), "--checks", "demo_checks", "--json", str(out)])
     return code, json.loads(out.read_text())
 
 
@@ -123,7 +128,8 @@ def class_run(course, solution_run):
     (class_dir / "dee" / f"{CHAPTER}.ipynb").write_text('{"cells": [ truncated')
     out = course / "class.json"
     with contextlib.redirect_stdout(io.StringIO()) as table:
-        code = grade.main(["--class", str(class_dir), "--course-root", str(course), "--json", str(out)])
+        code = grade.main(["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks",
+                           "--json", str(out)])
     return code, {r["student"]: r for r in json.loads(out.read_text())["results"]}, table.getvalue()
 
 
@@ -188,7 +194,7 @@ def test_table_shows_scores_and_lost_points(class_run):
     assert any(line.split()[:4] == ["cy", CHAPTER, "1", "/"] for line in lines)
     assert "    test_add (0 / 2): AssertionError: add(-2, 5) returned 7, expected 3" in table
     assert "dee" in table and "unreadable: not a notebook" in table
-    assert "check_add(" not in table
+    assert "check_add(" not in table and "check(" not in table
 
 
 @pytest.mark.slow
@@ -275,7 +281,7 @@ def test_course_config_roots_at_the_repo_wherever_it_runs(tmp_path, monkeypatch)
     assert (config.CourseDirectory.source_directory, config.CourseDirectory.release_directory) == (
         "solutions", "notebooks"
     )
-    assert config.ExecutePreprocessor.timeout >= 60
+    assert config.ExecutePreprocessor.timeout == grade.DEFAULT_CELL_TIMEOUT  # minigpt-grade's default is the course's
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -309,7 +315,8 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
     n = 6
     class_dir = _class_of(course, n, "class-resume")
     workdir = tmp_path / "workspace"
-    args = ["--class", str(class_dir), "--course-root", str(course), "--workdir", str(workdir), "-j", "1"]
+    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
+            str(workdir), "-j", "1"]
     batch = subprocess.Popen([sys.executable, "-m", "autograder.grade", *args, "--quiet"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
@@ -319,6 +326,9 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
         time.sleep(0.2)
     os.kill(batch.pid, signal.SIGKILL)  # the grading process only: its runs must not outlive it
     batch.wait()
+    time.sleep(1)
+    assert "autograder.execute" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                      text=True).stdout, "a run outlived the grader"
     done_before = {p.parent.name for p in workdir.glob(f"results/*/{CHAPTER}.json")}
     assert 2 <= len(done_before) < n
 
@@ -333,7 +343,6 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
     assert f"{n - len(reused)} notebooks graded" in table.getvalue()
     expected = [(f"s{i:02d}", 3.0 if i % 2 == 0 else 1.0) for i in range(n)]
     assert _gradebook_rows(workdir) == expected
-    assert not list(workdir.glob("work/*/*/pid")), "the interrupted run left a grading process behind"
 
     # Run again: nothing is graded twice, the gradebook is the same.
     with contextlib.redirect_stdout(io.StringIO()) as table:
@@ -348,7 +357,8 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
 def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
     class_dir = _class_of(course, 1, "class-change")
     workdir = tmp_path / "workspace"
-    args = ["--class", str(class_dir), "--course-root", str(course), "--workdir", str(workdir), "--quiet"]
+    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
+            str(workdir), "--quiet"]
     out = tmp_path / "r.json"
     with contextlib.redirect_stdout(io.StringIO()):
         assert grade.main([*args, "--json", str(out)]) == 0
@@ -383,34 +393,34 @@ def test_limits_on_the_command_line(course, capsys):
 
 @pytest.mark.slow
 def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp_path, monkeypatch):
-    """Grading kernels talk over Unix sockets in a folder of their run's own (parallel runs could be handed
-    the same TCP port). A run whose kernel never came up is no fault of the learner's: it runs once more. A
-    kernel that cannot start at all gets an error row with nbgrader's log kept, and the next batch tries that
-    submission again instead of reusing the error."""
-    real_write_config = grade.write_config
+    """A run in which no cell ran is no fault of the learner's: it runs once more. A sandbox that cannot start
+    at all gets an error row with the run's log kept, and the next batch tries that submission again instead of
+    reusing the error."""
+    from autograder import sandbox
+
+    real_command = sandbox.command
     starts = []
 
-    def sockets_in_a_missing_folder(root, cell_timeout=None, kernel_sockets=None):
-        if kernel_sockets is not None:  # a grading run (the workspace's own course directories start no kernel)
-            starts.append(kernel_sockets)
-            if len(starts) <= failing_starts:  # the kernel cannot bind its sockets there, and dies at once
-                kernel_sockets = tmp_path / "no-such-folder" / "kernel"
-        real_write_config(root, cell_timeout, kernel_sockets)
+    def broken_at_first(**kwargs):
+        args = real_command(**kwargs)
+        starts.append(args)
+        if len(starts) <= failing_starts:  # the executor's module cannot be found: nothing runs
+            args = [a if a != "autograder.execute" else "autograder.no_such_module" for a in args]
+        return args
 
-    monkeypatch.setattr(grade, "write_config", sockets_in_a_missing_folder)
+    monkeypatch.setattr(sandbox, "command", broken_at_first)
     class_dir = _class_of(course, 1, "class-restart")
     out = tmp_path / "results.json"
-    args = ["--class", str(class_dir), "--course-root", str(course), "--workdir", str(tmp_path / "ws"),
-            "--quiet", "--json", str(out)]
+    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
+            str(tmp_path / "ws"), "--quiet", "--json", str(out)]
     failing_starts = 2
     with contextlib.redirect_stdout(io.StringIO()) as table:
         assert grade.main(args) == 0
     [r] = json.loads(out.read_text())["results"]
     assert (len(starts), r["status"]) == (2, "error"), r
-    assert "kernel died" in r["detail"]
-    assert "Kernel died before replying to kernel_info" in Path(r["log"]).read_text()
-    assert f"nbgrader's log: {r['log']}" in table.getvalue()
-    assert not list(tmp_path.glob("ws/work/*/*")), "the run folders are removed; the log is under logs/"
+    assert "did not start" in r["detail"]
+    assert "No module named autograder.no_such_module" in Path(r["log"]).read_text()
+    assert f"log: {r['log']}" in table.getvalue()
 
     starts.clear()
     failing_starts = 1
@@ -420,37 +430,69 @@ def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp
     assert (len(starts), r["status"], r["score"], r["reused"]) == (2, "graded", 3, False), r
 
 
-def test_leftover_runs_are_killed_only_if_they_are_still_grading(tmp_path):
-    """A pid file of an interrupted batch names nbgrader's process group; by the time the batch resumes the
-    number may be another process's. Only a process that is still nbgrader, in that run's folder, is killed.
-    The temp folders of the killed runs' kernel sockets are removed."""
-    import subprocess
-    import tempfile
+def test_without_bubblewrap_grading_refuses_unless_asked_not_to_isolate(course, capsys, monkeypatch):
+    from autograder import sandbox
 
-    ws = grade.Workspace(tmp_path / "ws", ROOT)
-    runs = {name: ws.run_dir(name, "01-tokens") for name in ("ours", "stranger")}
-    for run in runs.values():
-        run.mkdir(parents=True)
-    # a run left behind: in its run folder, with nbgrader autograde on its command line, waiting on stdin
-    ours = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "nbgrader", "autograde"],
-                            cwd=runs["ours"], stdin=subprocess.PIPE, start_new_session=True)
-    # some other program that now has the number a pid file holds
-    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                                cwd=tmp_path, stdin=subprocess.PIPE, start_new_session=True)
-    try:
-        (runs["ours"] / "pid").write_text(str(ours.pid))
-        (runs["stranger"] / "pid").write_text(str(stranger.pid))
-        sockets = Path(tempfile.mkdtemp(prefix=grade.SOCKETS_PREFIX))
-        (runs["ours"] / "sockets").write_text(str(sockets))
-        not_ours = tmp_path / f"{grade.SOCKETS_PREFIX}elsewhere"
-        not_ours.mkdir()
-        (runs["stranger"] / "sockets").write_text(str(not_ours))
-        ws.stop_leftover_runs()
-        assert ours.wait(timeout=10) == -9
-        assert stranger.poll() is None, "a process that is not a grading run was killed"
-        assert not list(tmp_path.glob("ws/work/*/*/pid")) and not list(tmp_path.glob("ws/work/*/*/sockets"))
-        assert not sockets.exists() and not_ours.is_dir(), "only temp folders of grading sockets are removed"
-    finally:
-        for p in (ours, stranger):
-            p.kill()
-            p.wait()
+    monkeypatch.setattr(sandbox, "missing", lambda: "bubblewrap is not installed (apt-get install bubblewrap)")
+    learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    code, out, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-refused")
+    assert code == 2 and "cannot grade in a sandbox: bubblewrap is not installed" in err and "--no-sandbox" in err
+
+
+@pytest.mark.slow
+def test_grading_without_the_sandbox_says_so_on_every_row(course, solution_run, tmp_path, capsys):
+    learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    out = tmp_path / "r.json"
+    code, table, err = run_grade(capsys, learner, "--course-root", course, "--checks", "demo_checks", "--workdir",
+                                 tmp_path / "ws", "--no-sandbox", "--json", out)
+    assert code == 0 and "not isolated" in err
+    [r] = json.loads(out.read_text())["results"]
+    assert (r["score"], r["isolation"]) == (3, "none")
+    assert "NOT ISOLATED" in table
+    assert "none" in (tmp_path / "ws" / "grades.csv").read_text().splitlines()[1].split(",")
+
+
+def test_student_ids_and_links_are_checked_at_intake(tmp_path, capsys):
+    for name in ("-rf", ".hidden", "ok.student", "a b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "01-a.ipynb").write_text("{}")
+    (tmp_path / "linked").symlink_to(tmp_path / "ok.student")
+    subs = grade.class_submissions(tmp_path, [], ["01-a"])
+    assert [s.student for s in subs] == ["ok.student"]
+    err = capsys.readouterr().err
+    assert "'-rf' is not a plain student id" in err and "'a b' is not a plain student id" in err
+    assert "a link, not a student folder" in err
+    with pytest.raises(grade.UsageError, match="student id '--x'"):
+        grade.notebook_submissions([str(tmp_path / "ok.student" / "01-a.ipynb")], "--x", None, ["01-a"])
+    (tmp_path / "target.ipynb").write_text("{}")
+    (tmp_path / "link.ipynb").symlink_to(tmp_path / "target.ipynb")
+    assert "symbolic link" in grade.read_submission(tmp_path / "link.ipynb")
+    assert grade.read_submission(tmp_path / "target.ipynb") == b"{}"
+    assert "not a regular file" in grade.read_submission(tmp_path)
+
+
+@pytest.mark.slow
+def test_plain_nbgrader_grades_in_the_trusted_setting(tmp_path):
+    """Stock `nbgrader autograde` with the course's configuration (run from the repository root, rooted in a copy
+    so that the checkout stays clean): the hidden tests find no judge to connect to and judge in the kernel, with
+    the same verdicts as minigpt-grade's sandboxed ones."""
+    import subprocess
+
+    from nbgrader.api import Gradebook
+    from submissions import hostile
+
+    root = tmp_path / "course"
+    shutil.copytree(ROOT / "solutions" / "01-tokens", root / "solutions" / "01-tokens")
+    for student, text in (("right", hostile.reference_text()), ("wrong", hostile.mutant_text(hostile.WRONG))):
+        (root / "submitted" / student / "01-tokens").mkdir(parents=True)
+        (root / "submitted" / student / "01-tokens" / "01-tokens.ipynb").write_text(text)
+    for step in (["generate_assignment", "01-tokens"], ["autograde", "01-tokens"]):
+        proc = subprocess.run([sys.executable, "-m", "nbgrader", *step, f"--CourseDirectory.root={root}"], cwd=ROOT,
+                              env=grade.nbgrader_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        scores = {s.student.id: s.score for s in gb.find_assignment("01-tokens").submissions}
+    assert scores == {"right": 13, "wrong": 4}
+    wrong = nbformat.read(root / "autograded" / "wrong" / "01-tokens" / "01-tokens.ipynb", as_version=4)
+    messages = [o.get("evalue", "") for c in wrong.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert any("returned [b'ab', b'c'], expected [b'a', b'bc']" in m for m in messages), messages

@@ -1,11 +1,16 @@
-"""A class batch of chapter 1 with every kind of bad submission (tests/submissions/hostile.py), graded in one
-`minigpt-grade --class` run through real nbgrader: each gets a row that says what happened, none stops the
-batch, no trick earns points, and no feedback page shows the hidden tests."""
+"""A class batch of chapter 1 with every kind of bad submission (tests/submissions/hostile.py), graded twice by
+`minigpt-grade --class` in sandboxes: each gets a row that says what happened, none stops the batch, no trick
+earns a point its code does not deserve, nothing hidden shows in any feedback, and neither the course, nor the
+grader's workspace, nor any other learner's result or file is changed."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import os
+import socket
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -18,47 +23,244 @@ from submissions.grading import lost_cells
 pytestmark = pytest.mark.slow
 
 CHAPTER = hostile.CHAPTER
+ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_TESTS = {"test_encode_ordinary", "test_special_tokens", "test_decode", "test_matches_tiktoken"}
+CHEATS = ["eq-list", "patch-helpers", "input-transformer", "ast-transformer", "meta-path", "repatch-thread",
+          "frame-walk", "forge"]
+# Text of the checks and the judge that learners must never see (in a message, an output or a feedback page).
+SECRETS = ["_MERGE_MISTAKES", "def check_bpe_merge", "HIDDEN_TEXTS", "def judge(", "_first_wrong_piece",
+           "class RunJudge"]
+MINIGPT_DIRS = (".venv", ".git", "__pycache__", "_build", ".grading", ".pytest_cache", ".hypothesis", "submitted",
+                "autograded", "feedback")
+
+
+def course_files() -> dict[str, str]:
+    """sha256 of every file of the course checkout (not the environment, caches or build output)."""
+    out = {}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in MINIGPT_DIRS]
+        for name in files:
+            path = Path(folder) / name
+            out[str(path.relative_to(ROOT))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def grade_class(class_dir: Path, workdir: Path) -> tuple[int, dict[str, grade.Result], str]:
+    out = workdir.parent / "results.json"
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        code = grade.main(["--class", str(class_dir), "--chapter", CHAPTER, "--workdir", str(workdir),
+                           "--cell-timeout", "20", "--timeout", "150", "--json", str(out), "--quiet"])
+    results = {r["student"]: grade.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
+    return code, results, table.getvalue()
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
+    """The class graded twice into one workspace; the second run reuses every result it may."""
     class_dir = tmp_path_factory.mktemp("class")
     workdir = tmp_path_factory.mktemp("grading") / "workspace"
+    server = socket.create_server(("127.0.0.1", 0))  # the network probe must not reach it
+    port = server.getsockname()[1]
     students = hostile.write_class(class_dir, {
         "reference": hostile.reference_text(),
         "untouched": hostile.untouched_text(),
-        "bpe-leftmost": hostile.mutant_text("bpe-leftmost"),
+        "wrong": hostile.mutant_text(hostile.WRONG),
+        "network": hostile.network_probe(port)(),
     })
-    out = workdir.parent / "results.json"
-    with contextlib.redirect_stdout(io.StringIO()) as table:
-        code = grade.main(["--class", str(class_dir), "--chapter", CHAPTER, "--workdir", str(workdir),
-                           "--cell-timeout", "20", "--timeout", "100", "--json", str(out), "--quiet"])
-    results = {r["student"]: grade.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
-    return code, students, results, workdir, table.getvalue()
+    (class_dir / "symlink").mkdir()  # a notebook that is a link to the instructor's solution
+    (class_dir / "symlink" / f"{CHAPTER}.ipynb").symlink_to(ROOT / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
+    (class_dir / "linked-folder").symlink_to(class_dir / "reference")  # a student folder that is a link
+    students.append("symlink")
+    before = course_files()
+    submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students if s != "symlink"}
+    first = grade_class(class_dir, workdir)
+    records = {p.name: p.read_bytes() for p in workdir.glob(f"results/*/{CHAPTER}.json")}
+    second = grade_class(class_dir, workdir)
+    server.close()
+    return {"students": students, "first": first, "second": second, "workdir": workdir, "class_dir": class_dir,
+            "course_before": before, "course_after": course_files(), "submitted": submitted, "records": records}
 
 
-def outputs(workdir: Path, student: str) -> str:
-    nb = nbformat.read(grade.autograded_path(workdir, student, CHAPTER), as_version=4)
-    return json.dumps([c.get("outputs", []) for c in nb.cells])
+def outputs(batch, student: str) -> str:
+    nb = nbformat.read(grade.autograded_path(batch["workdir"], student, CHAPTER), as_version=4)
+    return "\n".join("".join(o.get("text", "")) + json.dumps(o.get("data", {})) + o.get("evalue", "")
+                     for c in nb.cells for o in c.get("outputs", []))
+
+
+def result(batch, student: str) -> grade.Result:
+    return batch["first"][1][student]
+
+
+# ---------------------------------------------------------------- the batch as a whole
 
 
 def test_every_submission_gets_one_row_and_the_batch_succeeds(batch):
-    code, students, results, workdir, table = batch
-    assert code == 0
-    assert sorted(results) == sorted(students)
-    rows = (workdir / "grades.csv").read_text().splitlines()
-    assert len(rows) == 1 + len(students)
-    for student in students:
-        assert (workdir / "feedback" / student / "index.html").is_file(), student
-        assert f"\n{student} " in "\n" + table
-    assert not list((workdir / "work").glob("*/*")), "grading folders of finished runs are removed"
+    for code, results, table in (batch["first"], batch["second"]):
+        assert code == 0
+        assert sorted(results) == sorted(batch["students"])  # the linked student folder is left out
+        for student in batch["students"]:
+            assert f"\n{student} " in "\n" + table
+    rows = (batch["workdir"] / "grades.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(batch["students"])
 
 
-def test_right_and_untouched_answers_still_score_as_usual(batch):
-    _, _, results, _, _ = batch
-    assert results["reference"].score == results["reference"].max_score == 13
-    assert results["untouched"].score == 0
+def test_the_second_run_reuses_every_result_and_changes_none(batch):
+    first, second = batch["first"][1], batch["second"][1]
+    for student, r in second.items():
+        assert (r.status, r.score, [lp.grade_id for lp in r.lost]) == \
+            (first[student].status, first[student].score, [lp.grade_id for lp in first[student].lost]), student
+        if r.status == "graded":
+            assert r.reused, f"{student} was graded again"
+
+
+def test_the_course_checkout_is_byte_identical_after_the_batch(batch):
+    before, after = batch["course_before"], batch["course_after"]
+    assert sorted(set(before) ^ set(after)) == []
+    assert [f for f in before if before[f] != after[f]] == []
+
+
+def test_no_submission_or_stored_result_was_changed(batch):
+    for student, data in batch["submitted"].items():
+        assert (batch["class_dir"] / student / f"{CHAPTER}.ipynb").read_bytes() == data, student
+    for path in batch["workdir"].glob(f"results/*/{CHAPTER}.json"):
+        assert path.read_bytes() == batch["records"][path.name], path
+
+
+def test_right_wrong_and_untouched_answers_score_as_usual(batch):
+    assert result(batch, "reference").score == result(batch, "reference").max_score == 13
+    assert result(batch, "untouched").score == 0
+    wrong = result(batch, "wrong")
+    assert 0 < wrong.score < 13 and set(lost_cells(wrong)) == {"test_bpe_merge", *TOKENIZER_TESTS} - {"test_decode"}
+
+
+def test_no_process_of_a_notebook_outlives_the_batch(batch):
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "minigpt-survivor" not in ps
+    assert "autograder.execute" not in ps
+
+
+# ---------------------------------------------------------------- no point for wrong code
+
+
+@pytest.mark.parametrize("student", CHEATS)
+def test_a_cheat_gets_at_most_what_its_wrong_code_deserves(batch, student):
+    wrong, cheat = result(batch, "wrong"), result(batch, student)
+    assert cheat.status == "graded", cheat.detail
+    assert cheat.score <= wrong.score, f"{student}: {cheat.score} points, its wrong code alone gets {wrong.score}"
+    assert set(lost_cells(cheat)) >= set(lost_cells(wrong)), student
+
+
+@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "repatch-thread", "frame-walk", "forge"])
+def test_cheats_that_leave_the_hidden_tests_running_get_exactly_what_the_wrong_code_gets(batch, student):
+    assert result(batch, student).score == result(batch, "wrong").score
+    assert "returned [b'ab', b'c'], expected [b'a', b'bc']" in lost_cells(result(batch, student))["test_bpe_merge"]
+
+
+@pytest.mark.parametrize("student", ["input-transformer", "ast-transformer", "meta-path"])
+def test_hidden_tests_that_never_reach_the_judge_score_nothing(batch, student):
+    lost = lost_cells(result(batch, student))
+    assert "did not run" in lost["test_pre_split"], lost
+
+
+def test_the_judge_refuses_a_second_judgement_and_a_forged_run(batch):
+    assert "PROBE forge: the judge said refused" in outputs(batch, "forge")
+
+
+def test_the_frame_walk_finds_no_expected_answer(batch):
+    assert "PROBE frame-walk: found" not in outputs(batch, "frame-walk")
+
+
+# ---------------------------------------------------------------- nothing hidden is within reach
+
+
+def test_nothing_hidden_can_be_read_from_the_sandbox(batch):
+    text = outputs(batch, "snoop")
+    probes = [line for line in text.splitlines() if line.startswith("PROBE ")]
+    assert len(probes) == 13, text
+    assert [p for p in probes if "FOUND" in p] == [], probes
+    assert result(batch, "snoop").score == 0
+
+
+def test_a_linked_notebook_is_refused(batch):
+    r = result(batch, "symlink")
+    assert r.status == "unreadable" and "symbolic link" in r.detail
+
+
+def test_the_notebook_runs_as_an_unprivileged_user_in_its_own_process_namespace(batch):
+    text = outputs(batch, "environment")
+    line = next(line for line in text.splitlines() if line.startswith("PROBE uid:"))
+    uid, pids = line.split("uid:")[1].split("pids:")
+    assert int(uid) != 0
+    assert max(json.loads(pids)) < 100, "the notebook sees processes that are not its own"
+
+
+def test_the_environment_names_no_other_learner_and_no_grading_folder(batch):
+    text = outputs(batch, "environment")
+    env = [line for line in text.splitlines() if line.startswith("ENV ")]
+    assert env
+    for secret in (str(batch["class_dir"]), str(batch["workdir"]), str(ROOT / "solutions")):
+        assert not [line for line in env if secret in line], secret
+
+
+def test_other_kernels_are_out_of_sight(batch):
+    line = next(line for line in outputs(batch, "other-kernels").splitlines() if line.startswith("PROBE kernels:"))
+    found = json.loads(line.split(":", 1)[1].replace("'", '"'))
+    assert len(found) <= 1 and all(p.startswith("/tmp/") for p in found), found
+
+
+def test_the_network_is_out_of_reach(batch):
+    text = outputs(batch, "network")
+    assert text.count("PROBE network:") == 3 and "connected" not in text, text
+
+
+@pytest.mark.parametrize("student", ["print-history", "raise-frames", "snoop", "environment"])
+def test_nothing_of_the_checks_shows_in_outputs_messages_or_feedback(batch, student):
+    workdir = batch["workdir"]
+    shown = [outputs(batch, student), (workdir / "grades.csv").read_text(),
+             (workdir / "feedback" / student / "index.html").read_text()]
+    page = grade.feedback_path(workdir, student, CHAPTER)
+    if page.is_file():
+        shown.append(page.read_text())
+    for secret in SECRETS:
+        assert not [i for i, text in enumerate(shown) if secret in text], secret
+    assert "BEGIN HIDDEN TESTS" not in shown[-1]
+
+
+# ---------------------------------------------------------------- tampering changes nothing
+
+
+def test_tampering_reaches_nothing_outside_the_sandbox(batch):
+    text = outputs(batch, "tamper")
+    line = next(line for line in text.splitlines() if line.startswith("PROBE tamper:"))
+    assert "wrote []" in line, line
+    assert result(batch, "tamper").score == 13
+
+
+def test_signals_reach_only_the_notebooks_own_processes(batch):
+    r = result(batch, "signals")
+    assert r.status == "graded" and r.score == 13, (r.score, r.detail)  # every hidden test ran before the signals
+    assert r.detail, "the row says the run was cut short"
+
+
+def test_memory_is_capped_for_all_of_a_notebooks_processes_together(batch):
+    r = result(batch, "memory-forks")
+    assert r.status == "graded"
+    assert "memory" in r.detail and "PROBE memory-forks: survived" not in outputs(batch, "memory-forks"), r.detail
+    assert r.score == 13  # its cells before the forks were judged
+
+
+def test_a_fork_bomb_is_stopped_at_the_process_limit(batch):
+    r = result(batch, "fork-bomb")
+    assert r.status == "graded" and r.score == 13, r.detail
+
+
+def test_writing_files_is_limited_to_memory_that_counts_against_the_notebook(batch):
+    text = outputs(batch, "disk-fill")
+    assert "wrote 10 GiB" not in text, text
+    assert result(batch, "disk-fill").score == 13
+
+
+# ---------------------------------------------------------------- honest trouble
 
 
 @pytest.mark.parametrize("student, status, detail", [
@@ -67,122 +269,72 @@ def test_right_and_untouched_answers_still_score_as_usual(batch):
     ("not-the-notebook", "wrong-notebook", "no nbgrader cells"),
 ])
 def test_what_is_not_this_chapters_notebook_is_named_and_not_run(batch, student, status, detail):
-    _, _, results, _, _ = batch
-    r = results[student]
+    r = result(batch, student)
     assert r.status == status and r.score is None and r.max_score == 13
     assert detail in r.detail
     assert r.seconds is None or r.seconds == 0
 
 
 def test_an_endless_loop_costs_the_cells_that_needed_it(batch):
-    _, _, results, _, _ = batch
-    r = results["infinite-loop"]
+    r = result(batch, "infinite-loop")
     assert r.status == "graded" and set(lost_cells(r)) == TOKENIZER_TESTS, lost_cells(r)
     assert any("tokenizer: CellTimeoutError" in e for e in r.cell_errors), r.cell_errors
 
 
 def test_a_loop_that_ignores_interrupts_is_stopped_and_says_so(batch):
-    _, _, results, _, _ = batch
-    r = results["deaf-loop"]
-    assert r.status == "error" and "did not stop when interrupted" in r.detail
-    assert r.seconds < 100 + 30
+    r = result(batch, "deaf-loop")
+    assert r.status == "graded" and r.detail, r
+    assert set(lost_cells(r)) == {"test_pre_split", "test_bpe_merge", *TOKENIZER_TESTS}, lost_cells(r)
 
 
 def test_a_memory_bomb_fails_only_its_own_cell(batch):
-    _, _, results, _, _ = batch
-    r = results["memory-bomb"]
-    assert (r.status, r.score) == ("graded", 13)
+    r = result(batch, "memory-bomb")
+    assert r.status == "graded" and r.score == 13, r
     assert any("MemoryError" in e for e in r.cell_errors), r.cell_errors
 
 
 def test_sys_exit_is_just_an_error_in_its_cell(batch):
-    _, _, results, _, _ = batch
-    assert (results["sys-exit"].status, results["sys-exit"].score) == ("graded", 13)
+    r = result(batch, "sys-exit")
+    assert r.status == "graded" and r.score == 13, r
 
 
 @pytest.mark.parametrize("student", ["os-exit", "segfault"])
-def test_a_dead_kernel_gets_a_row_that_says_so(batch, student):
-    _, _, results, _, _ = batch
-    r = results[student]
-    assert r.status == "error" and "kernel died" in r.detail
-    assert any("kills or bypasses the kernel" in note for note in r.review)
+def test_a_dead_kernel_gets_a_row_that_says_so_and_keeps_nothing_it_did_not_run(batch, student):
+    r = result(batch, student)
+    assert r.status == "graded" and r.score == 0 and "kernel died" in r.detail, r
+    assert all("did not run" in lp.message for lp in r.lost), r.lost
 
 
 def test_edited_test_cells_are_restored_and_listed_for_review(batch):
-    _, _, results, _, _ = batch
-    r = results["edited-test"]
-    assert "token by token" in lost_cells(r)["test_decode"]
-    assert "test_decode: a locked cell was edited (nbgrader restored it before grading)" in r.review
+    r = result(batch, "edited-test")
+    assert "test_decode" in lost_cells(r)
+    assert any("test_decode: a locked cell was edited" in note for note in r.review), r.review
 
 
 def test_a_deleted_test_cell_waits_for_the_instructor(batch):
-    _, _, results, _, _ = batch
-    r = results["deleted-test"]
-    assert set(lost_cells(r)) == {"test_decode"} and "cell missing" in lost_cells(r)["test_decode"]
-    assert r.needs_manual_grade and "cells deleted: test_decode" in r.review
+    r = result(batch, "deleted-test")
+    assert r.needs_manual_grade and "test_decode" in lost_cells(r)
+    assert any("cells deleted: test_decode" in note for note in r.review)
 
 
 def test_a_renamed_function_is_named(batch):
-    _, _, results, _, _ = batch
-    assert lost_cells(results["renamed"])["test_pre_split"] == "NameError: name 'pre_split' is not defined"
+    lost = lost_cells(result(batch, "renamed"))
+    assert "pre_split" in lost["test_pre_split"] and "NameError" in lost["test_pre_split"], lost
 
 
 def test_megabytes_of_output_are_cut(batch):
-    _, _, results, workdir, _ = batch
-    assert results["flood"].score == 13
-    assert grade.autograded_path(workdir, "flood", CHAPTER).stat().st_size < 1_000_000
-    assert "more characters cut by the grader" in outputs(workdir, "flood")
+    path = grade.autograded_path(batch["workdir"], "flood", CHAPTER)
+    assert path.stat().st_size < 2_000_000
+    assert result(batch, "flood").score == 13
 
 
 def test_importing_the_reference_is_refused_with_a_reason(batch):
-    _, _, results, _, _ = batch
-    r = results["imports-reference"]
-    assert set(lost_cells(r)) == TOKENIZER_TESTS
-    assert any("minigpt.tokens is the course's reference solution, which is not available while grading 01-tokens"
-               in e for e in r.cell_errors), r.cell_errors
+    r = result(batch, "imports-reference")
+    assert TOKENIZER_TESTS <= set(lost_cells(r))
+    assert any("reference solution, which is not available" in e for e in r.cell_errors), r.cell_errors
 
 
-def test_reading_the_answers_from_disk_gets_nothing(batch):
-    _, _, results, workdir, _ = batch
-    r = results["snoop"]
-    assert r.score == 0
-    seen = outputs(workdir, "snoop")
-    assert "solutions/01-tokens/01-tokens.ipynb: grading keeps this file out of the notebook's reach" in seen
-    assert "gradebook.db: grading keeps this file out of the notebook's reach" in seen
-    assert "a notebook may not start other programs while it is graded" in seen
-    assert {note.split(": ")[1] for note in r.review} >= {"names grading files", "runs code from a string",
-                                                         "runs other programs"}
-
-
-def test_patching_the_checks_changes_nothing(batch):
-    _, _, results, _, _ = batch
-    patched, plain = results["patches-checks"], results["bpe-leftmost"]
-    assert (patched.score, lost_cells(patched)) == (plain.score, lost_cells(plain))
-    assert "LOWEST rank" in lost_cells(patched)["test_bpe_merge"]
-    assert any("mentions the autograder" in note for note in patched.review)
-
-
-def test_feedback_shows_messages_never_hidden_tests(batch):
-    _, students, results, workdir, _ = batch
-    pages = list((workdir / "feedback").rglob("*.html"))
-    assert len(pages) > len(students)  # a summary per learner, nbgrader's page per graded notebook
-    for page in pages:
-        text = page.read_text()
-        assert "HIDDEN TESTS" not in text and "checks.check_" not in text, page
-        if page.parent.parent.name != "patches-checks":  # whose own code imports autograder.checks
-            assert "autograder.checks" not in text, page
-    page = (workdir / "feedback" / "bpe-leftmost" / CHAPTER / f"{CHAPTER}.html").read_text()
-    assert "LOWEST rank" in page and "hidden tests ran here" in page
-    summary = (workdir / "feedback" / "bpe-leftmost" / "index.html").read_text()
-    assert "4 / 13" in summary and "test_bpe_merge" in summary and "LOWEST rank" in summary
-
-
-def test_the_gradebook_holds_each_graded_submission_once(batch):
-    from nbgrader.api import Gradebook
-
-    _, _, results, workdir, _ = batch
-    graded = {s for s, r in results.items() if r.status == "graded"}
-    with Gradebook(f"sqlite:///{workdir / 'gradebook.db'}") as gb:
-        subs = gb.find_assignment(CHAPTER).submissions
-        assert sorted(s.student.id for s in subs) == sorted(graded)
-        assert {s.student.id: s.score for s in subs} == {s: results[s].score for s in graded}
+def test_code_that_reaches_for_the_grader_is_listed_for_review(batch):
+    for student in ("meta-path", "input-transformer", "forge", "signals", "snoop"):
+        assert result(batch, student).review, student
+    assert result(batch, "reference").review == []

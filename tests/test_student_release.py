@@ -175,8 +175,8 @@ LEAKS = {
         lambda r: _page_with_solution(r / "docs/attention.html"),
         "docs/attention.html", "solution code of 03-attention"),
     "hidden check call in a page": (
-        lambda r: (r / "docs/feedback.html").write_text("<p>checks.<b>check_bpe_merge</b>(bpe_merge)</p>"),
-        "docs/feedback.html", "calls the hidden check checks.check_bpe_merge"),
+        lambda r: (r / "docs/feedback.html").write_text("<p>check(&quot;x&quot;) check( 'test_bpe_merge', bpe_merge)</p>"),
+        "docs/feedback.html", "calls the hidden test check('test_bpe_merge')"),
     "autograder file": (
         lambda r: (r / "tools").mkdir() or shutil.copytree(ROOT / "autograder/checks", r / "tools/autograder/checks"),
         "tools/autograder/checks/tokens.py", "under autograder/"),

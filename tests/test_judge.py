@@ -1,0 +1,225 @@
+"""The wall between the learner's code and the judge (autograder/wire.py, hidden.py, judge.py), piece by piece:
+what crosses it as plain data, what stays behind as a reference, how an error of the learner's code comes back,
+and what a notebook's connections may and may not ask of the judge."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from autograder import hidden, judge, wire
+
+
+def roundtrip(value):
+    return wire.decode(json.loads(json.dumps(wire.encode(value))))
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 0, -3, 2**80, 1.5, "naïve 🤖 \udcff", b"\x00\xff", bytearray(b"ab"), [1, [2, "x"]], (1, (2,)),
+    {b"ab": 1, (1, 2): "t", "k": None}, {1, 2}, frozenset({"a"}), torch.Size([2, 3]), torch.float16,
+    torch.device("cpu"),
+])
+def test_plain_data_crosses_unchanged(value):
+    got = roundtrip(value)
+    assert got == value and type(got) is type(value)
+
+
+def test_tensors_and_arrays_cross_with_dtype_shape_and_gradient_flag():
+    for t in (torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.randn(3, 4).t(), torch.tensor(True),
+              torch.randn(2, dtype=torch.bfloat16), torch.zeros(0, 5)):
+        got = roundtrip(t)
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+    grad = roundtrip(torch.ones(2, requires_grad=True) * 2)
+    assert grad.requires_grad
+    a = np.arange(4, dtype=np.float32).reshape(2, 2)
+    assert np.array_equal(roundtrip(a), a) and roundtrip(np.int64(7)) == 7
+    assert str(roundtrip(float("nan"))) == "nan" and roundtrip(float("-inf")) == float("-inf")
+
+
+def test_subclasses_cross_as_their_plain_base():
+    class Agreeable(list):
+        def __eq__(self, other):
+            return True
+
+    class Loud(str):
+        def __eq__(self, other):
+            return True
+
+    got = roundtrip(Agreeable([b"ab", b"c"]))
+    assert type(got) is list and got != [b"a", b"bc"]
+    assert type(roundtrip(Loud("x"))) is str
+    point = roundtrip(torch.nn.Parameter(torch.ones(2)))
+    assert type(point) is torch.Tensor and point.requires_grad
+
+
+def test_what_is_not_plain_data_stays_behind():
+    with pytest.raises(wire.Unsendable, match="not plain data"):
+        wire.encode(object())
+    with pytest.raises(wire.Unsendable, match="nested more than"):
+        deep = []
+        for _ in range(wire.MAX_DEPTH + 5):
+            deep = [deep]
+        wire.encode(deep)
+    with pytest.raises(wire.Unsendable, match="dtype"):
+        wire.encode(np.array([object()]))
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"$": "pickle", "v": "gASV"}, "unknown tag"),
+    ({"$": "tensor", "dtype": "float32", "shape": [2], "data": "AAAA"}, "bytes of data"),
+    ({"$": "tensor", "dtype": "object", "shape": [], "data": ""}, "unknown dtype"),
+    ({"$": "ndarray", "dtype": "|O", "shape": [1], "data": ""}, "unknown dtype"),
+    ({"$": "ref", "id": 3}, "reference"),
+    ({"plain": "dict"}, "not a value"),
+    ({"$": "dict", "v": [[[1], 2]]}, "cannot be a key"),
+])
+def test_malformed_data_is_refused_whole(data, why):
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode(data)
+
+
+# ---------------------------------------------------------------- the judge's stand-ins (in process)
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+        self.items = [1, 2, 3]
+
+    def add(self, k):
+        if k < 0:
+            raise ValueError(f"k must be positive, got {k}")
+        self.n += k
+        return self.n
+
+    def stub(self):
+        return self._helper()
+
+    def _helper(self):
+        raise NotImplementedError()
+
+    def numbers(self):
+        yield from range(3)
+
+
+def session_for(*objects):
+    s = judge.LocalSession(objects)
+    return s, [s.remote(s.server.describe(i)) for i in range(len(objects))]
+
+
+def test_stand_ins_call_read_and_iterate_on_the_learners_side():
+    s, (make_counter,) = session_for(Counter)
+    c = make_counter()
+    assert isinstance(c, judge.Remote) and judge.type_of(c).endswith("Counter")
+    assert c.add(2) == 2 and c.add(3) == 5 and c.n == 5
+    assert c.items == [1, 2, 3] and len(c.items) == 3
+    assert list(c.numbers()) == [0, 1, 2]
+    assert judge.collect(c.numbers(), limit=2) == ([0, 1, 2], False)  # the item after the limit is kept
+    assert judge.collect(c.numbers(), limit=3) == ([0, 1, 2], True)
+    assert judge.is_instance(c, "builtins.object") and not judge.is_instance(c, "torch.nn.Module")
+    judge.set_attr(c, "n", 10)
+    assert c.n == 10
+    with pytest.raises(AttributeError):
+        c.nothing_here
+    assert c == c and c != make_counter()
+
+
+def test_a_learners_error_comes_back_with_its_type_message_and_stub():
+    from coursekit.testing import call
+
+    _, (make_counter,) = session_for(Counter)
+    c = make_counter()
+    with pytest.raises(ValueError, match="k must be positive, got -1") as err:
+        c.add(-1)
+    assert isinstance(err.value, judge.LearnerError) and err.value.type_name == "ValueError"
+    with pytest.raises(AssertionError, match=r"Counter.stub\(\): not written yet \(.*Counter._helper still raises"):
+        call(c.stub, label="Counter.stub()")
+
+
+def test_the_learners_random_state_is_given_back():
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    with hidden.untouched():
+        torch.rand(10)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_judge_side_seeds_reach_the_learners_side():
+    _, (rand,) = session_for(lambda: torch.rand(3))
+    with judge.learner_side(seed=7):
+        a, b = rand(), rand()
+    assert torch.equal(a, b)
+    with judge.seeded(7):
+        assert torch.equal(a, torch.rand(3))
+
+
+def test_forbidden_functions_raise_on_the_learners_side_only_during_the_request():
+    _, (softmax,) = session_for(lambda x: torch.softmax(x, -1))
+    with judge.learner_side(forbid=["torch.softmax"]):
+        with pytest.raises(RuntimeError, match="not available here"):
+            softmax(torch.zeros(2))
+    assert torch.equal(softmax(torch.zeros(2)), torch.full((2,), 0.5))
+
+
+def test_a_judge_side_function_cannot_be_handed_to_the_learner():
+    _, (apply,) = session_for(lambda f: f(1))
+    with pytest.raises(judge.GraderError, match="only plain data and stand-ins"):
+        apply(lambda x: x)
+
+
+# ---------------------------------------------------------------- a notebook's connections to the judge
+
+
+def test_a_hidden_cell_is_judged_once_and_only_if_it_is_the_notebooks(tmp_path):
+    calls = []
+
+    @judge.cell("test_judge_demo")
+    def check(fn):
+        calls.append(fn(2))
+        if fn(2) != 4:
+            raise AssertionError(f"fn(2) returned {fn(2)}, expected 4")
+
+    path = tmp_path / "judge"
+    with judge.RunJudge(path, ["test_judge_demo"], {}, cell_timeout=10) as run:
+        hidden.serve(str(path), "test_judge_demo", (lambda x: x * 3,))
+        with pytest.raises(RuntimeError, match="already judged"):
+            hidden.serve(str(path), "test_judge_demo", (lambda x: x * 2,))
+        with pytest.raises(RuntimeError, match="not a test cell of this notebook"):
+            hidden.serve(str(path), "test_pre_split", (lambda x: x,))
+    assert calls == [6]
+    verdict = run.verdicts["test_judge_demo"]
+    assert verdict.status == "failed" and verdict.message == "fn(2) returned 6, expected 4"
+    assert len(run.refused) == 2
+
+
+def test_a_connection_that_stops_answering_leaves_the_cell_unfinished(tmp_path):
+    @judge.cell("test_judge_hangup")
+    def check(fn):
+        fn(1)
+
+    path = tmp_path / "judge"
+    with judge.RunJudge(path, ["test_judge_hangup"], {}, cell_timeout=10) as run:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(path))
+            wire.send(sock, {"hello": "test_judge_hangup", "objects": [{"$": "ref", "id": 0, "type": "function"}]})
+            wire.receive(sock)  # the judge's first request: hang up instead of answering
+    assert run.verdicts["test_judge_hangup"].status == "unfinished"
+
+
+def test_garbage_on_the_socket_is_survived(tmp_path):
+    path = tmp_path / "judge"
+    with judge.RunJudge(path, ["test_x"], {}, cell_timeout=10) as run:
+        for garbage in (b"\x00" * 8, b"\xff" * 16, b"{not json at all"):
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(str(path))
+                sock.sendall(garbage)
+        done = threading.Event()
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(path))
+            wire.send(sock, {"executed": "{}", "status": "ran"})
+            done.set()
+    assert run.verdicts == {} and run.executed == {"executed": "{}", "status": "ran"}

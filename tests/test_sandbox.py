@@ -1,0 +1,135 @@
+"""The sandbox a graded notebook runs in (autograder/sandbox.py), seen from inside: a Python program run where
+the executor would run, for the chapter 01-tokens, reports what it can see and do."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import grade, sandbox
+
+pytestmark = pytest.mark.skipif(sandbox.missing() is not None, reason=f"no sandbox here: {sandbox.missing()}")
+ROOT = Path(__file__).resolve().parents[1]
+
+REPORT = r'''
+import json, os, socket, sys
+report = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+def visible(path):
+    return os.path.exists(path)
+report["visible"] = {p: visible(p) for p in sys.argv[1:]}
+try:
+    import minigpt.tokens
+    report["import_tokens"] = "imported"
+except ImportError as err:
+    report["import_tokens"] = str(err)
+import minigpt, coursekit, autograder.hidden, autograder.helpers.common
+report["import_ok"] = True
+try:
+    import autograder.judge
+    report["import_judge"] = "imported"
+except ImportError:
+    report["import_judge"] = "missing"
+writes = {}
+for path in ("/work", os.path.dirname(coursekit.__file__), "/usr/x", "./here", "/tmp/here"):
+    try:
+        with open(os.path.join(path, "f") if not path.startswith(("./", "/tmp/", "/usr/x")) else path, "w") as f:
+            f.write("x")
+        writes[path] = "written"
+    except OSError as err:
+        writes[path] = type(err).__name__
+report["writes"] = writes
+try:
+    socket.create_connection(("127.0.0.1", int(os.environ["PORT_TO_TRY"])), timeout=2)
+    report["network"] = "connected"
+except (OSError, KeyError) as err:
+    report["network"] = type(err).__name__
+report["env"] = dict(os.environ)
+print("REPORT" + json.dumps(report))
+'''
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    (run_dir / "in").mkdir()
+    (run_dir / "sock").mkdir()
+    blocked = grade.blocked_modules("01-tokens")
+    sandbox.prepare(run_dir, "01-tokens", blocked)
+    server = socket.create_server(("127.0.0.1", 0))
+    secrets = [str(ROOT / "solutions"), str(ROOT / "autograder" / "checks"), str(ROOT / ".git"),
+               str(ROOT / "tests"), str(ROOT / "autograder" / "judge.py"), str(ROOT / "autograder" / "grade.py"),
+               "/etc/shadow", str(run_dir), str(tmp_path_factory.getbasetemp())]
+    # the home folder's files (this machine's Python may live under it: only that is in view)
+    secrets += [str(p) for p in Path.home().iterdir() if not str(sys.base_prefix).startswith(str(p))]
+    limits = sandbox.Limits(memory=2 << 30, timeout=120)
+    args = sandbox.command(chapter="01-tokens", blocked=blocked, run_dir=run_dir, notebook_name="x.ipynb",
+                           cell_timeout=10, limits=limits, program=["-c", REPORT, *secrets])
+    args[-len(secrets) - 3:-len(secrets) - 3] = ["--setenv", "PORT_TO_TRY", str(server.getsockname()[1])]
+    outcome = sandbox.run(args, limits)
+    server.close()
+    line = next((line for line in outcome.log.splitlines() if line.startswith("REPORT")), None)
+    assert line, outcome.log
+    return json.loads(line[len("REPORT"):]), secrets, outcome
+
+
+def test_nothing_of_the_grading_side_is_in_view(report):
+    got, secrets, _ = report
+    assert {p: seen for p, seen in got["visible"].items() if seen} == {}
+
+
+def test_the_graded_chapters_reference_does_not_import_and_says_why(report):
+    got, _, _ = report
+    assert "minigpt.tokens is the course's reference solution, which is not available while 01-tokens is graded" \
+        in got["import_tokens"]
+    assert got["import_ok"] and got["import_judge"] == "missing"
+
+
+def test_it_writes_only_to_its_own_memory_folders(report):
+    got, _, _ = report
+    writes = got["writes"]
+    assert writes["./here"] == "written" and writes["/tmp/here"] == "written"
+    assert {p: w for p, w in writes.items() if p not in ("./here", "/tmp/here") and w == "written"} == {}
+
+
+def test_an_unprivileged_user_alone_in_its_process_namespace_without_network(report):
+    got, _, _ = report
+    assert got["uid"] == sandbox.UID != 0
+    assert max(got["pids"]) < 20
+    assert got["network"] != "connected"
+
+
+def test_its_environment_is_made_not_inherited(report):
+    got, _, _ = report
+    assert set(got["env"]) <= {"PATH", "HOME", "USER", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE",
+                               "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TIKTOKEN_CACHE_DIR",
+                               "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR", "MINIGPT_JUDGE",
+                               "OMP_NUM_THREADS", "PORT_TO_TRY", "PWD", "LC_CTYPE"}, got["env"]
+
+
+def test_limits_are_applied_per_run(report):
+    _, _, outcome = report
+    assert outcome.returncode == 0 and not outcome.timed_out
+    assert outcome.isolation in ("cgroup", "watchdog")
+
+
+def test_a_run_past_its_time_is_killed_with_everything_it_started(tmp_path):
+    limits = sandbox.Limits(memory=1 << 30, timeout=3)
+    script = ("import os, subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # sandbox-orphan'],"
+              " start_new_session=True)\n"
+              "time.sleep(600)\n")
+    outcome = sandbox.run([sys.executable, "-c", script], limits)
+    assert outcome.timed_out and outcome.seconds < 30
+    import subprocess
+    assert "sandbox-orphan" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_the_output_kept_is_capped(tmp_path):
+    limits = sandbox.Limits(memory=1 << 30, timeout=60)
+    outcome = sandbox.run([sys.executable, "-c", "import sys\nfor _ in range(200): sys.stdout.write('x' * 100_000)"],
+                          limits)
+    assert len(outcome.log) == sandbox.OUTPUT_KEEP
