@@ -220,12 +220,15 @@ def test_from_pretrained_unknown_hub_name_fails_offline_without_network(tmp_path
 
 
 def test_hidden_checks_pass_the_reference():
-    """The checks the grader runs accept the reference: without this the grading tests could only fail."""
-    from autograder.checks import transformer as checks
+    """The checks the grader runs accept the reference: without this the grading tests could only fail. They
+    judge stand-ins of the learner's objects, so they run as a hidden test cell runs them (the judge in this
+    process, through the same plain data)."""
+    from autograder.hidden import check
+    from autograder.judge import forget_here
     from minigpt.transformer import MLP, Block
 
-    checks.check_layer_norm(LayerNorm)
-    checks.check_gelu(gelu)
-    checks.check_mlp(MLP)
-    checks.check_block(Block, GPTConfig)
-    checks.check_gpt(GPT, GPTConfig)
+    forget_here()
+    check("test_layer_norm", LayerNorm)
+    check("test_mlp", gelu, MLP)
+    check("test_block", Block, GPTConfig)
+    check("test_gpt", GPT, GPTConfig)

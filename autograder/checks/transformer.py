@@ -15,17 +15,29 @@ and weights (from the oracle's parts) and names the one that matches. In `Block`
 the parts the learner wrote earlier in the chapter, so that a wrong `LayerNorm` is reported as that and
 not as a wrong block, and a part that belongs to chapter 2 or 3 (`Embeddings`, `CausalSelfAttention`) is
 named as such.
+
+The learner's classes are stand-ins (``autograder.judge.Remote``): they are built and run where the notebook runs,
+and their weights are sent there as plain tensors (``load_state_dict``). The Hugging Face models, the inputs and
+the expected values are built here, each from a seed of its own (``torch.Generator``, or ``seeded`` around the
+Hugging Face constructors, which draw from torch's global generator). The helpers that must run next to the
+learner's code (a call that reports whether it changed its input, a checkpoint folder for
+``GPT.from_pretrained``, the files of ``GPT.save_pretrained``) are in ``autograder.helpers.transformer``.
 """
 from __future__ import annotations
 
-import contextlib
+import functools
+import json
 import math
 import tempfile
+import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, fail, isolated, quiet_transformers
+from autograder.helpers.transformer import CHECKPOINT_FILES
+from autograder.judge import ask, cell, learner_side, seeded, type_of
+from coursekit.testing import call, describe_call, describe_error, fail, quiet_transformers, show
 
 # float32 throughout; logits to 1e-4 as the notebook's visible test asks.
 ATOL = 1e-5
@@ -33,23 +45,20 @@ LOGITS_ATOL = 1e-4
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-@contextlib.contextmanager
-def _seeded(seed: int):
-    """Draw the check's random numbers from a seed of its own, leaving the learner's RNG as it was."""
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        yield
+def _generator(seed: int) -> torch.Generator:
+    """The check's random numbers come from a generator of its own (several notebooks are judged at once)."""
+    return torch.Generator().manual_seed(seed)
 
 
 def _shape(x) -> str:
-    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type_of(x)
 
 
 def _output(got, want: torch.Tensor, label: str, atol: float = ATOL) -> float | None:
     """None when ``got`` is ``want`` to within ``atol``; inf when its shape differs; else the largest difference.
     Fails at once when ``got`` is not a tensor."""
     if not isinstance(got, torch.Tensor):
-        fail(f"{label} returned {type(got).__name__}, expected a tensor of shape {_shape(want)}",
+        fail(f"{label} returned {type_of(got)}, expected a tensor of shape {_shape(want)}",
              "return the tensor itself, not a tuple (no loss, no extra outputs)" if isinstance(got, (tuple, list))
              else "")
     if got.shape != want.shape:
@@ -70,8 +79,20 @@ def _matching(got: torch.Tensor, candidates, atol: float = ATOL) -> str:
     return ""
 
 
-def _unchanged(x: torch.Tensor, before: torch.Tensor, label: str) -> None:
-    if not torch.equal(x, before):
+def _run(fn, x: torch.Tensor, name: str, transpose: tuple[int, int] | None = None):
+    """``fn(x)`` on the learner's side, without gradients, described as ``name(x)`` if it fails. With
+    ``transpose``, ``x`` is sent as it is and ``fn`` gets ``x.transpose(*transpose)`` there, a view that is not
+    contiguous. Returns ``(what came back, whether the call changed its input in place)``."""
+    label = describe_call(name, (x if transpose is None else x.transpose(*transpose),))
+    with learner_side(no_grad=True):
+        answer = call(ask, "transformer.run", fn, x, transpose, label=label)
+    if not isinstance(answer, tuple) or len(answer) != 2 or not isinstance(answer[1], bool):
+        fail(f"{label}: the notebook's side answered {type_of(answer)}, not what the grader asked for")
+    return answer
+
+
+def _unchanged(changed: bool, label: str) -> None:
+    if changed:
         fail(f"{label} changed its input in place",
              "compute new tensors (x = x + ..., not x += ...; x - mean, not x.sub_(mean)): the caller's tensor "
              "must stay as it was, and training needs it unchanged to compute gradients")
@@ -127,35 +148,55 @@ def _ln_mistakes(x, w, b, eps):
     return mistakes
 
 
-@isolated()
+def _load_parameters(module, state_dict: dict[str, torch.Tensor], name: str, hint: str) -> None:
+    """Send ``state_dict`` into the learner's ``module`` (strict=False: a module may hold more); every tensor sent
+    must land in a parameter of that name and shape."""
+    try:
+        result = module.load_state_dict(state_dict, strict=False)
+    except Exception as err:  # noqa: BLE001 (a shape that differs, a load_state_dict that breaks)
+        fail(f"the check's weights do not load into {name}: {describe_error(err)}", hint)
+    unexpected = getattr(result, "unexpected_keys", None)
+    if not isinstance(unexpected, list):
+        fail(f"{name}.load_state_dict returned {type_of(result)}, not torch's missing and unexpected keys", hint)
+    if unexpected:
+        fail(f"{name} has no parameter named {', '.join(map(str, unexpected))}", hint)
+
+
+@cell("test_layer_norm")
 def check_layer_norm(LayerNorm):
     for k, (C, eps, shape, scale, offset) in enumerate(LN_CASES):
-        with _seeded(400 + k):
-            ln = call(LayerNorm, C, eps, name="LayerNorm")
-            ln.weight.uniform_(0.5, 1.5)
-            ln.bias.uniform_(-1.0, 1.0)
-            x = torch.randn(*shape) * scale + offset
-            if k == len(LN_CASES) - 1:
-                x = torch.randn(*reversed(shape)).transpose(0, -1) * scale + offset
-            before = x.clone()
-            label = f"LayerNorm({C}, eps={eps}) on an input of shape {tuple(shape)}"
-            try:
-                got = call(ln, x, name=f"LayerNorm({C}, eps={eps})")
-            except AssertionError as err:
-                if "RuntimeError" in str(err) and "size" in str(err):
-                    fail(str(err), "the mean and variance over the last dim need keepdim=True to broadcast "
-                                   "against x, whatever the number of dims")
-                raise
-            _unchanged(x, before, label)
-            want = F.layer_norm(x, (C,), ln.weight, ln.bias, eps)
-            diff = _output(got, want, label)
-            if diff is None:
-                continue
-            if diff == float("inf"):
-                fail(f"{label} returned shape {_shape(got)}, expected {tuple(shape)}",
-                     "LayerNorm keeps the shape of its input: keepdim=True on the mean and variance")
-            fail(f"{label} differs from F.layer_norm by up to {diff:.2e}",
-                 _matching(got, _ln_mistakes(x, ln.weight, ln.bias, eps)))
+        g = _generator(400 + k)
+        weight = torch.empty(C).uniform_(0.5, 1.5, generator=g)
+        bias = torch.empty(C).uniform_(-1.0, 1.0, generator=g)
+        transpose = None
+        if k == len(LN_CASES) - 1:  # a non-contiguous input: the transpose of this, taken on the learner's side
+            sent = torch.randn(*reversed(shape), generator=g) * scale + offset
+            transpose = (0, -1)
+            x = sent.transpose(*transpose)
+        else:
+            sent = x = torch.randn(*shape, generator=g) * scale + offset
+        name = f"LayerNorm({C}, eps={eps})"
+        ln = call(LayerNorm, C, eps, name="LayerNorm")
+        _load_parameters(ln, {"weight": weight, "bias": bias}, name,
+                         "keep the learned scale and shift as given, self.weight and self.bias, of shape (C,)")
+        label = f"LayerNorm({C}, eps={eps}) on an input of shape {tuple(shape)}"
+        try:
+            got, changed = _run(ln, sent, name, transpose)
+        except AssertionError as err:
+            if "RuntimeError" in str(err) and "size" in str(err):
+                fail(str(err), "the mean and variance over the last dim need keepdim=True to broadcast "
+                               "against x, whatever the number of dims")
+            raise
+        _unchanged(changed, label)
+        want = F.layer_norm(x, (C,), weight, bias, eps)
+        diff = _output(got, want, label)
+        if diff is None:
+            continue
+        if diff == float("inf"):
+            fail(f"{label} returned shape {_shape(got)}, expected {tuple(shape)}",
+                 "LayerNorm keeps the shape of its input: keepdim=True on the mean and variance")
+        fail(f"{label} differs from F.layer_norm by up to {diff:.2e}",
+             _matching(got, _ln_mistakes(x, weight, bias, eps)))
 
 
 # ---------------------------------------------------------------- gelu
@@ -180,16 +221,15 @@ def _gelu_mistakes(x):
     ]
 
 
-@isolated()
 def check_gelu(gelu):
-    with _seeded(410):
-        inputs = [torch.linspace(-8.0, 8.0, 1601), torch.randn(3, 4, 5) * 3, torch.tensor([0.0, -1e-3, 1e-3]),
-                  torch.randn(7, 3).t()]
-    for x in inputs:
-        before = x.clone()
+    g = _generator(410)
+    inputs = [(torch.linspace(-8.0, 8.0, 1601), None), (torch.randn(3, 4, 5, generator=g) * 3, None),
+              (torch.tensor([0.0, -1e-3, 1e-3]), None), (torch.randn(7, 3, generator=g), (0, 1))]  # the last: x.t()
+    for sent, transpose in inputs:
+        x = sent if transpose is None else sent.transpose(*transpose)
         label = f"gelu on an input of shape {tuple(x.shape)}"
-        got = call(gelu, x, name="gelu")
-        _unchanged(x, before, label)
+        got, changed = _run(gelu, sent, "gelu", transpose)
+        _unchanged(changed, label)
         want = F.gelu(x, approximate="tanh")
         diff = _output(got, want, label)
         if diff is None:
@@ -204,9 +244,10 @@ def check_gelu(gelu):
 
 # ---------------------------------------------------------------- MLP
 
-def _mlp_mistakes(mlp, x):
-    fc = lambda v: F.linear(v, mlp.c_fc.weight, mlp.c_fc.bias)  # noqa: E731
-    proj = lambda v: F.linear(v, mlp.c_proj.weight, mlp.c_proj.bias)  # noqa: E731
+def _mlp_mistakes(w, x):
+    """``w``: the MLP's weights, {name: tensor}."""
+    fc = lambda v: F.linear(v, w["c_fc.weight"], w["c_fc.bias"])  # noqa: E731
+    proj = lambda v: F.linear(v, w["c_proj.weight"], w["c_proj.bias"])  # noqa: E731
     tanh_gelu = lambda v: F.gelu(v, approximate="tanh")  # noqa: E731
     return [
         ("the activation is missing: without gelu between c_fc and c_proj the MLP is one linear map",
@@ -227,28 +268,39 @@ def _mlp_mistakes(mlp, x):
 MLP_CASES = [(4, (2, 3, 4)), (24, (1, 1, 24)), (10, (5, 10))]
 
 
-@isolated()
+def _mlp_weights(C: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Weights large enough that every form of GELU shows, for the parameters of GPT-2's MLP."""
+    shapes = {"c_fc.weight": (4 * C, C), "c_fc.bias": (4 * C,), "c_proj.weight": (C, 4 * C), "c_proj.bias": (C,)}
+    return {name: torch.empty(shape).normal_(0.0, 0.7, generator=g) for name, shape in shapes.items()}
+
+
 def check_mlp(MLP):
     for k, (C, shape) in enumerate(MLP_CASES):
-        with _seeded(420 + k):
-            mlp = call(MLP, C, name="MLP")
-            for p in mlp.parameters():  # weights large enough that every form of GELU shows
-                p.normal_(0.0, 0.7)
-            x = torch.randn(*shape) * 2
-            before = x.clone()
-            label = f"MLP({C}) on an input of shape {shape}"
-            got = call(mlp, x, name=f"MLP({C})")
-            _unchanged(x, before, label)
-            want = F.linear(F.gelu(F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias), approximate="tanh"),
-                            mlp.c_proj.weight, mlp.c_proj.bias)
-            diff = _output(got, want, label, atol=1e-4)
-            if diff is None:
-                continue
-            if diff == float("inf"):
-                fail(f"{label} returned shape {_shape(got)}, expected {shape}",
-                     "c_fc widens C to 4C, gelu keeps the shape, c_proj brings 4C back to C")
-            fail(f"{label} differs from c_proj(gelu(c_fc(x))) by up to {diff:.2e}",
-                 _matching(got, _mlp_mistakes(mlp, x), atol=1e-4))
+        g = _generator(420 + k)
+        w = _mlp_weights(C, g)
+        x = torch.randn(*shape, generator=g) * 2
+        mlp = call(MLP, C, name="MLP")
+        _load_parameters(mlp, w, f"MLP({C})", "keep the layers as given: c_fc, nn.Linear(C, 4C), and c_proj, "
+                         "nn.Linear(4C, C)")
+        label = f"MLP({C}) on an input of shape {shape}"
+        got, changed = _run(mlp, x, f"MLP({C})")
+        _unchanged(changed, label)
+        want = F.linear(F.gelu(F.linear(x, w["c_fc.weight"], w["c_fc.bias"]), approximate="tanh"),
+                        w["c_proj.weight"], w["c_proj.bias"])
+        diff = _output(got, want, label, atol=1e-4)
+        if diff is None:
+            continue
+        if diff == float("inf"):
+            fail(f"{label} returned shape {_shape(got)}, expected {shape}",
+                 "c_fc widens C to 4C, gelu keeps the shape, c_proj brings 4C back to C")
+        fail(f"{label} differs from c_proj(gelu(c_fc(x))) by up to {diff:.2e}",
+             _matching(got, _mlp_mistakes(w, x), atol=1e-4))
+
+
+@cell("test_mlp")
+def check_gelu_and_mlp(gelu, MLP):
+    check_gelu(gelu)
+    check_mlp(MLP)
 
 
 # ---------------------------------------------------------------- Hugging Face's GPT-2, the oracle
@@ -265,7 +317,7 @@ def _hf_config(vocab_size, block_size, n_layer, n_head, n_embd, eps):
 
 def _randomise(module: torch.nn.Module) -> None:
     """Random values for every parameter, LayerNorms and biases included (HF initialises those to 1 and 0,
-    which would hide a LayerNorm used in the wrong place)."""
+    which would hide a LayerNorm used in the wrong place). From torch's generator: inside ``seeded``."""
     for name, p in module.named_parameters():
         if p.dim() == 1 and ("ln_" in name):
             p.uniform_(0.5, 1.5) if name.endswith("weight") else p.normal_(0.0, 0.3)
@@ -273,6 +325,23 @@ def _randomise(module: torch.nn.Module) -> None:
             p.normal_(0.0, 0.2)
         else:
             p.normal_(0.0, 0.5 if name.endswith(("wte.weight", "wpe.weight")) else 0.2)
+
+
+# The oracles are built once per process and only read afterwards (eval mode, no gradients), by any thread.
+# Whatever runs Hugging Face's loading and saving holds this lock: quiet_transformers turns process-wide switches
+# (its logging, its progress bars, the warnings filters) off and back on, which threads must not interleave.
+_BUILD = threading.RLock()
+
+
+@functools.cache
+def _hf_block(C: int, n_head: int, block_size: int, eps: float, seed: int):
+    """Hugging Face's GPT2Block with random weights (its constructor draws from torch's global generator)."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    with _BUILD, seeded(seed), torch.no_grad(), quiet_transformers():
+        hf_block = GPT2Block(_hf_config(50, block_size, 2, n_head, C, eps)).eval()
+        _randomise(hf_block)
+    return hf_block
 
 
 def _block_state_dict(hf_block) -> dict[str, torch.Tensor]:
@@ -290,7 +359,7 @@ def _part_mistake(module, hf_module, x, name: str, what: str, atol: float) -> st
     try:
         got = module(x)
     except Exception as err:  # noqa: BLE001
-        return f"{name} raised {type(err).__name__}: {err}; {what}"
+        return f"{name} raised {describe_error(err)}; {what}"
     want = hf_module(x)
     want = want[0] if isinstance(want, tuple) else want
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or (got - want).abs().max().item() > atol:
@@ -302,14 +371,14 @@ def _block_parts_mistake(block, hf_block, x, name: str) -> str:
     """Name the first part of a block that is wrong on its own: LayerNorm, MLP (this chapter) or attention."""
     y = hf_block.ln_1(x)
     parts = [
-        (block.ln_1, hf_block.ln_1, x, "ln_1", "fix LayerNorm first (test_layer_norm)"),
-        (block.ln_2, hf_block.ln_2, x, "ln_2", "fix LayerNorm first (test_layer_norm)"),
-        (block.mlp, hf_block.mlp, y, "mlp", "fix gelu and MLP first (test_mlp)"),
-        (block.attn, _hf_attn(hf_block), y, "attn",
+        ("ln_1", hf_block.ln_1, x, "fix LayerNorm first (test_layer_norm)"),
+        ("ln_2", hf_block.ln_2, x, "fix LayerNorm first (test_layer_norm)"),
+        ("mlp", hf_block.mlp, y, "fix gelu and MLP first (test_mlp)"),
+        ("attn", _hf_attn(hf_block), y,
          "the block's attention is chapter 3's CausalSelfAttention (minigpt.attention): fix it there"),
     ]
-    for module, hf_module, inp, part, what in parts:
-        why = _part_mistake(module, hf_module, inp, f"{name}{part}", what, atol=1e-4)
+    for part, hf_module, inp, what in parts:
+        why = _part_mistake(getattr(block, part), hf_module, inp, f"{name}{part}", what, atol=1e-4)
         if why:
             return why
     return ""
@@ -357,6 +426,7 @@ BLOCK_CONFIGS = [  # (n_embd, n_head, block_size, layer_norm_epsilon)
 
 
 def _load(module, state_dict, name: str) -> None:
+    """Hugging Face's weights, sent into the learner's module (strict: every name and shape as GPT-2's)."""
     try:
         module.load_state_dict(state_dict)
     except Exception as err:  # noqa: BLE001
@@ -364,43 +434,39 @@ def _load(module, state_dict, name: str) -> None:
              "keep GPT-2's names and shapes (ln_1, attn, ln_2, mlp with c_fc and c_proj), as given")
 
 
-@isolated()
+@cell("test_block")
 def check_block(Block, GPTConfig):
-    with quiet_transformers():
+    with torch.no_grad(), learner_side(no_grad=True):
         _check_block(Block, GPTConfig)
 
 
 def _check_block(Block, GPTConfig):
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
     for k, (C, n_head, block_size, eps) in enumerate(BLOCK_CONFIGS):
-        with _seeded(430 + k):
-            config = call(GPTConfig, vocab_size=50, block_size=block_size, n_layer=2, n_head=n_head, n_embd=C,
-                          layer_norm_epsilon=eps, name="GPTConfig")
-            name = f"Block(GPTConfig(n_embd={C}, n_head={n_head}, layer_norm_epsilon={eps}))"
-            block = call(Block, config, name="Block")
-            hf_block = GPT2Block(_hf_config(50, block_size, 2, n_head, C, eps)).eval()
-            _randomise(hf_block)
-            _load(block, _block_state_dict(hf_block), name)
-            block.eval()
-            for B, T in ((2, block_size), (1, 1), (3, 5)):
-                x = torch.randn(B, T, C) * 2 + 0.5
-                before = x.clone()
-                label = f"{name} on an input of shape {(B, T, C)}"
-                got = call(block, x, name=name)
-                _unchanged(x, before, label)
-                want = hf_block(x)
-                want = want[0] if isinstance(want, tuple) else want
-                diff = _output(got, want, label, atol=1e-4)
-                if diff is None:
-                    continue
-                if diff == float("inf"):
-                    fail(f"{label} returned shape {_shape(got)}, expected {(B, T, C)}",
-                         "a block keeps the shape (B, T, C): the residual stream goes in and comes out")
-                hint = _block_parts_mistake(block, hf_block, x, "Block.") or \
-                    _matching(got, _block_mistakes(hf_block, x), atol=1e-4)
-                fail(f"{label} differs from Hugging Face's GPT2Block with the same weights by up to {diff:.2e}",
-                     hint)
+        config = call(GPTConfig, vocab_size=50, block_size=block_size, n_layer=2, n_head=n_head, n_embd=C,
+                      layer_norm_epsilon=eps, name="GPTConfig")
+        name = f"Block(GPTConfig(n_embd={C}, n_head={n_head}, layer_norm_epsilon={eps}))"
+        block = call(Block, config, name="Block")
+        hf_block = _hf_block(C, n_head, block_size, eps, seed=430 + k)
+        _load(block, _block_state_dict(hf_block), name)
+        call(block.eval, name=f"{name}.eval")
+        g = _generator(435 + k)
+        for B, T in ((2, block_size), (1, 1), (3, 5)):
+            x = torch.randn(B, T, C, generator=g) * 2 + 0.5
+            label = f"{name} on an input of shape {(B, T, C)}"
+            got, changed = _run(block, x, name)
+            _unchanged(changed, label)
+            want = hf_block(x)
+            want = want[0] if isinstance(want, tuple) else want
+            diff = _output(got, want, label, atol=1e-4)
+            if diff is None:
+                continue
+            if diff == float("inf"):
+                fail(f"{label} returned shape {_shape(got)}, expected {(B, T, C)}",
+                     "a block keeps the shape (B, T, C): the residual stream goes in and comes out")
+            hint = _block_parts_mistake(block, hf_block, x, "Block.") or \
+                _matching(got, _block_mistakes(hf_block, x), atol=1e-4)
+            fail(f"{label} differs from Hugging Face's GPT2Block with the same weights by up to {diff:.2e}",
+                 hint)
 
 
 # ---------------------------------------------------------------- GPT
@@ -411,13 +477,24 @@ GPT_CONFIGS = [  # (vocab_size, block_size, n_layer, n_head, n_embd, layer_norm_
 ]
 
 
+@functools.cache
 def _hf_model(config_args, seed: int):
+    """Hugging Face's GPT2LMHeadModel with random weights (its constructor draws from torch's global generator)."""
     from transformers import GPT2LMHeadModel
-    with _seeded(seed):
+    with _BUILD, seeded(seed), torch.no_grad(), quiet_transformers():
         hf = GPT2LMHeadModel(_hf_config(*config_args)).eval()
         _randomise(hf)
     assert hf.lm_head.weight is hf.transformer.wte.weight, "the oracle's LM head must be tied"
     return hf
+
+
+@functools.cache
+def _hf_checkpoint(config_args, seed: int) -> dict[str, bytes]:
+    """The files of ``_hf_model(config_args, seed)`` as Hugging Face saves them: {name: bytes}."""
+    hf = _hf_model(config_args, seed)
+    with tempfile.TemporaryDirectory() as folder, _BUILD, quiet_transformers():
+        hf.save_pretrained(folder)
+        return {name: (Path(folder) / name).read_bytes() for name in CHECKPOINT_FILES}
 
 
 def _hf_logits(hf, idx) -> torch.Tensor:
@@ -480,10 +557,11 @@ def _gpt_parts_mistake(model, hf, idx) -> str:
                         "(minigpt.embeddings): fix them there", atol=1e-5)
     if why:
         return why
-    why = _block_parts_mistake(model.h[0], t.h[0], emb, "model.h[0].")
+    first = model.h[0]
+    why = _block_parts_mistake(first, t.h[0], emb, "model.h[0].")
     if why:
         return why
-    why = _part_mistake(model.h[0], t.h[0], emb, "model.h[0]", "fix Block first (test_block)", atol=1e-4)
+    why = _part_mistake(first, t.h[0], emb, "model.h[0]", "fix Block first (test_block)", atol=1e-4)
     return why or _part_mistake(model.ln_f, t.ln_f, emb, "model.ln_f", "fix LayerNorm first (test_layer_norm)",
                                 atol=1e-4)
 
@@ -492,17 +570,17 @@ def _check_pretrained_logits(GPT, config_args, seed: int) -> None:
     vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
     hf = _hf_model(config_args, seed)
     shape = f"n_layer={n_layer}, n_head={n_head}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size}"
-    with tempfile.TemporaryDirectory() as folder:
-        hf.save_pretrained(folder)
-        model = call(GPT.from_pretrained, folder, name="GPT.from_pretrained")
-    with _seeded(seed + 1):
-        inputs = [torch.randint(0, vocab_size, (2, block_size)), torch.randint(0, vocab_size, (1, 1)),
-                  torch.randint(0, vocab_size, (3, 5))]
+    # The checkpoint is written into a folder on the learner's side, and loaded there.
+    model = call(ask, "transformer.from_pretrained", GPT, _hf_checkpoint(config_args, seed),
+                 label=f"GPT.from_pretrained(<a folder holding a Hugging Face GPT-2 checkpoint, {shape}>)")
+    g = _generator(seed + 1)
+    inputs = [torch.randint(0, vocab_size, (2, block_size), generator=g),
+              torch.randint(0, vocab_size, (1, 1), generator=g),
+              torch.randint(0, vocab_size, (3, 5), generator=g)]
     for idx in inputs:
         B, T = idx.shape
         label = f"GPT ({shape}) on ids of shape {(B, T)}"
-        with torch.no_grad():
-            got = call(model, idx, name="GPT.forward")
+        got = call(model, idx, name="GPT.forward")
         want = _hf_logits(hf, idx)
         diff = _output(got, want, label, atol=LOGITS_ATOL)
         if diff is None:
@@ -510,33 +588,69 @@ def _check_pretrained_logits(GPT, config_args, seed: int) -> None:
         if diff == float("inf"):
             fail(f"{label} returned logits of shape {_shape(got)}, expected {(B, T, vocab_size)}",
                  _gpt_shape_hint(got, B, T, config_args))
-        with torch.no_grad():
-            hint = _gpt_parts_mistake(model, hf, idx) or \
-                _matching(got, _gpt_mistakes(hf, idx, want), atol=LOGITS_ATOL)
+        hint = _gpt_parts_mistake(model, hf, idx) or _matching(got, _gpt_mistakes(hf, idx, want), atol=LOGITS_ATOL)
         fail(f"{label}: the logits differ from Hugging Face's GPT2LMHeadModel with the same weights by up to "
              f"{diff:.2e}", hint)
+
+
+# What GPT.save_pretrained's config.json must say of a model's shape, Hugging Face's names for GPTConfig's fields.
+_SHAPE_KEYS = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd", "layer_norm_epsilon")
+
+
+def _saved_model(files, config, config_args):
+    """Hugging Face's GPT2LMHeadModel loaded from the files that the learner's ``save_pretrained`` wrote. Their
+    config.json must describe the model's shape; the model is then built from the check's own config (nothing
+    of the learner's configures the grader's model), and its weights read from model.safetensors only."""
+    from transformers import GPT2LMHeadModel
+
+    hint = "GPT.save_pretrained and GPTConfig.to_hf are given: keep them as they are"
+    if not isinstance(files, dict) or set(files) != set(CHECKPOINT_FILES) or \
+            not all(isinstance(data, bytes) for data in files.values()):
+        names = sorted(map(str, files)) if isinstance(files, dict) else []
+        fail(f"GPT({config}).save_pretrained(folder) wrote {names}, expected config.json and model.safetensors",
+             hint)
+    try:
+        written = json.loads(files["config.json"].decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        fail(f"GPT({config}).save_pretrained(folder) wrote a config.json that is not JSON ({err})", hint)
+    if not isinstance(written, dict):
+        fail(f"GPT({config}).save_pretrained(folder) wrote a config.json that holds a {type(written).__name__}, "
+             "not Hugging Face's settings", hint)
+    want = dict(zip(_SHAPE_KEYS, config_args))
+    wrong = [f"{key}={show(written.get(key))} (expected {value!r})" for key, value in want.items()
+             if written.get(key) != value]
+    if wrong:
+        fail(f"GPT({config}).save_pretrained(folder) wrote a config.json for another model: {', '.join(wrong)}",
+             hint)
+    with tempfile.TemporaryDirectory() as folder, _BUILD, quiet_transformers():
+        for name, data in files.items():
+            (Path(folder) / name).write_bytes(data)
+        try:
+            return GPT2LMHeadModel.from_pretrained(folder, config=_hf_config(*config_args),
+                                                   use_safetensors=True).eval()
+        except Exception as err:  # noqa: BLE001 (files that Hugging Face cannot read)
+            fail(f"Hugging Face cannot load what GPT({config}).save_pretrained(folder) wrote: "
+                 f"{type(err).__name__}: {str(err)[:300]}", hint)
 
 
 def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
     """A model made by GPT(config), saved with save_pretrained and loaded by Hugging Face, gives the same
     logits: true only if the LM head is the token table (HF's checkpoint format has no separate head)."""
-    from transformers import GPT2LMHeadModel
     vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
-    with _seeded(seed):
-        config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                           n_embd=n_embd, layer_norm_epsilon=eps)
-        model = call(GPT, config, name="GPT").eval()
-        idx = torch.randint(0, vocab_size, (2, block_size))
-        got = call(model, idx, name="GPT.forward")
-    with tempfile.TemporaryDirectory() as folder:
-        call(model.save_pretrained, folder, name="GPT.save_pretrained")
-        hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+    config = call(GPTConfig, vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                  n_embd=n_embd, layer_norm_epsilon=eps, name="GPTConfig")
+    with learner_side(seed=seed):  # the learner's random initialisation, the same in every run
+        model = call(GPT, config, name="GPT")
+    model = call(model.eval, name="GPT.eval")
+    idx = torch.randint(0, vocab_size, (2, block_size), generator=_generator(seed))
+    got = call(model, idx, name="GPT.forward")
+    files = call(ask, "transformer.saved_files", model, label="GPT.save_pretrained(<an empty folder>)")
+    hf = _saved_model(files, config, config_args)
     want = _hf_logits(hf, idx)
     diff = _output(got, want, f"GPT({config})", atol=LOGITS_ATOL)
     if diff is None:
         return
-    head, table = getattr(model, "lm_head", None), model.emb.wte.weight
-    if head is not None and getattr(head, "weight", None) is not table:
+    if ask("transformer.head_is_token_table", model) is False:
         fail(f"GPT({config}): its logits differ by up to {diff:.2e} from the same model saved and loaded in "
              "Hugging Face, whose LM head is the token table",
              "lm_head is not tied to the token table: keep `self.lm_head.weight = self.emb.wte.weight` in "
@@ -545,10 +659,9 @@ def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
          "Face", "the logits must come from lm_head, which is tied to the token table emb.wte")
 
 
-@isolated()
+@cell("test_gpt")
 def check_gpt(GPT, GPTConfig):
-    with quiet_transformers():
+    with torch.no_grad(), learner_side(no_grad=True):
         for k, config_args in enumerate(GPT_CONFIGS):
             _check_pretrained_logits(GPT, config_args, seed=440 + 10 * k)
         _check_weight_tying(GPT, GPTConfig, GPT_CONFIGS[0], seed=460)
-
