@@ -1,14 +1,20 @@
 """Chapter 5 (the generation loop): hidden checks for last_logits, token_stream, find_stop / held_back and
 TextStream.
 
-The oracles are external. For the model's loop: Hugging Face's ``GPT2LMHeadModel`` with random weights,
-saved to a temporary folder and loaded into the course's reference model (``minigpt.transformer.GPT``, so that
-this chapter grades the loop, not the learner's transformer). Its ``generate(do_sample=False)`` gives the
-greedy tokens when prompt and output fit in the window; for longer runs its forward on the last
-``block_size`` tokens, step by step. For stop strings: ``re.search`` over the escaped alternatives, and a brute
-force over the ends of the text. For streaming: a scripted model (its logits put a fixed next token on top,
-whatever the context) writes a token sequence chosen so that stop strings and UTF-8 characters fall across
-token boundaries, and the expected text is tiktoken's ``decode`` of those ids, cut before the first stop string.
+The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, and so do
+the models, choosers and tokenizer they are given, built there from plain recipes (``autograder.helpers.
+generation``: a seed and a shape, a script of ids; ``make("common.gpt2_encoding")``). The expected answers are
+computed here from the same recipes.
+
+The oracles are external. For the model's loop: Hugging Face's ``GPT2LMHeadModel`` holding seeded random weights
+(``gpt2_weights``, a state dict in its layout); the learner's side loads the same weights into the course's
+reference model (``minigpt.transformer.GPT``, so that this chapter grades the loop, not the learner's transformer).
+Its ``generate(do_sample=False)`` gives the greedy tokens when prompt and output fit in the window; for longer runs
+its forward on the last ``block_size`` tokens, step by step. For stop strings: ``re.search`` over the escaped
+alternatives, and a brute force over the ends of the text. For streaming: a scripted model (its logits put a fixed
+next token on top, whatever the context) writes a token sequence chosen so that stop strings and UTF-8 characters
+fall across token boundaries, and the expected text is tiktoken's ``decode`` of those ids, cut before the first stop
+string.
 
 When an answer is wrong, the message names the first case that fails and, for the known mistakes, what the
 mistake is. Nothing here assumes how the learner wrote the code: a while loop, ``torch.inference_mode``,
@@ -19,14 +25,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import tempfile
+import threading
 
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel  # here: transformers' lazy imports race in a judge's threads
 
 import coursekit
 from autograder.checks import Shape
-from coursekit.testing import call, fail, isolated, quiet_transformers, show
-from minigpt.transformer import GPT, GPTConfig
+from autograder.helpers import generation as recipes
+from autograder.judge import Remote, cell, collect, make, seeded, type_of
+from coursekit.testing import call, fail, quiet_transformers, show
 
 CHAPTER = "chapter 5 (the generation loop)"
 ATOL = 1e-4
@@ -37,30 +45,67 @@ END = "<|endoftext|>"
 
 # Small windows, so that short runs already overflow them. A larger initializer_range than GPT-2's 0.02
 # spreads the logits, so that no greedy step is a near tie that float rounding could flip (tests check
-# that every step the checks use has a margin of at least 1e-3).
+# that every step the checks use has a margin of at least 1e-3). The seeds are ones whose greedy runs have a
+# margin of at least 1e-2 at every step of the checks' cases and of the known mistakes' runs on them, and where
+# a known mistake changes a case's tokens, it changes one of the first 12 (those a message shows).
 SHAPES = {
-    "a": Shape(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=24, seed=5),
-    "b": Shape(vocab_size=61, block_size=7, n_layer=1, n_head=3, n_embd=12, seed=11),
+    "a": Shape(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=24, seed=48),
+    "b": Shape(vocab_size=61, block_size=7, n_layer=1, n_head=3, n_embd=12, seed=0),
 }
 INIT_RANGE = 0.2
 
 
-@functools.cache
-def _models(name: str):
-    """(Hugging Face model, the same weights in minigpt's GPT) for the shape ``name``."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _recipe(name: str) -> dict:
+    """The plain recipe of the random GPT-2 of shape ``name``: ``recipes.seeded_gpt(**recipe)`` builds it."""
+    s = SHAPES[name]
+    return dict(vocab_size=s.vocab_size, block_size=s.block_size, n_layer=s.n_layer, n_head=s.n_head,
+                n_embd=s.n_embd, seed=s.seed, init_range=INIT_RANGE)
 
+
+_ORACLE = threading.RLock()
+
+
+def _once(fn):
+    """``fn`` computed once for each argument, by one thread at a time (the judge runs notebooks in threads)."""
+    cached = functools.cache(fn)
+
+    @functools.wraps(fn)
+    def once(*args):
+        with _ORACLE:
+            return cached(*args)
+
+    return once
+
+
+@_once
+def _hf(name: str):
+    """Hugging Face's GPT2LMHeadModel holding the seeded weights of the shape ``name`` (the oracle)."""
     s = SHAPES[name]
     config = GPT2Config(vocab_size=s.vocab_size, n_positions=s.block_size, n_layer=s.n_layer, n_head=s.n_head,
                         n_embd=s.n_embd, initializer_range=INIT_RANGE, bos_token_id=None, eos_token_id=None,
                         pad_token_id=None, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    with torch.random.fork_rng():  # the learner's random state is theirs
-        torch.manual_seed(s.seed)
-        hf = GPT2LMHeadModel(config).eval()
-    with tempfile.TemporaryDirectory() as folder, quiet_transformers():
-        hf.save_pretrained(folder)
-        ours = GPT.from_pretrained(folder)
-    return hf, ours
+    weights = recipes.gpt2_weights(s.vocab_size, s.block_size, s.n_layer, s.n_embd, s.seed, INIT_RANGE)
+    with seeded(s.seed), quiet_transformers():  # its initializer draws from torch's global generator
+        hf = GPT2LMHeadModel(config)
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    if set(missing) != {"lm_head.weight"} or unexpected or hf.lm_head.weight is not hf.transformer.wte.weight:
+        raise RuntimeError(f"the seeded weights do not fit GPT2LMHeadModel: missing {missing}, unexpected "
+                           f"{unexpected}")
+    return hf.eval()
+
+
+@functools.cache
+def _models(name: str):
+    """(Hugging Face model, the same weights in minigpt's GPT) for the shape ``name``: the GPT is what the learner's
+    side builds (for the course's tests; the checks use a stand-in of it)."""
+    with seeded(0):  # GPT's own initializer draws before the weights are loaded
+        ours = recipes.seeded_gpt(**_recipe(name))
+    return _hf(name), ours
+
+
+def _model(name: str) -> Remote:
+    """The GPT of shape ``name`` on the learner's side."""
+    return make("generation.seeded_gpt", **_recipe(name))
 
 
 def _ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -133,21 +178,33 @@ WINDOW_MISTAKES = [
 ]
 
 
-@isolated()
+def _type_name(obj) -> str:
+    """The short type name of what the learner's code returned (a stand-in: of the object on its side)."""
+    return type_of(obj).rpartition(".")[2] if isinstance(obj, Remote) else type(obj).__name__
+
+
+def _read_back(theirs) -> list:
+    """A list given to the learner's code (``make("generation.listed", ...)``), as it is now."""
+    return collect(theirs)[0]
+
+
+@cell("test_last_logits")
 def check_last_logits(last_logits):
+    models = {}
     for shape, length in LAST_LOGITS_CASES:
-        hf, model = _models(shape)
-        block, vocab = model.config.block_size, model.config.vocab_size
+        hf = _hf(shape)
+        model = models[shape] = models.get(shape) or _model(shape)
+        block, vocab = SHAPES[shape].block_size, SHAPES[shape].vocab_size
         ids = _ids(length, vocab, seed=100 * length + block)
-        before = list(ids)
+        theirs = make("generation.listed", ids)  # the list the learner's code gets, to read back afterwards
         label = f"last_logits(<GPT with block_size={block}, vocab_size={vocab}>, <{length} ids>)"
         hint = "a sequence longer than block_size must be cut to its last block_size tokens" if length > block else ""
-        got = call(last_logits, model, ids, hint=hint, label=label)
-        if ids != before:
+        got = call(last_logits, model, theirs, hint=hint, label=label)
+        if _read_back(theirs) != ids:
             fail(f"{label} changed the list of ids it was given", "read ids, never modify them: slice a copy")
         want = _hf_logits(hf, _last(ids, block))
         if not isinstance(got, torch.Tensor):
-            fail(f"{label} returned {type(got).__name__}, expected a torch.Tensor of shape ({vocab},)")
+            fail(f"{label} returned {_type_name(got)}, expected a torch.Tensor of shape ({vocab},)")
         if got.shape != want.shape:
             hint = ""
             if got.numel() == vocab:
@@ -209,26 +266,16 @@ LOOP_MISTAKES = [(dict(window=_first), WINDOW_MISTAKES[0][1] + " (in last_logits
                                               "eos_ids")]
 
 
-class _Counting(torch.nn.Module):
-    """A model that counts its forward passes."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.config, self.calls = model, model.config, 0
-
-    def forward(self, idx):
-        self.calls += 1
-        return self.model(idx)
-
-
 def _lowest(logits, ids) -> int:
     return int(torch.argmin(logits))
 
 
+@_once
 def _loop_case(case: LoopCase):
-    """(hf, model, prompt, eos_ids, choose, want) for a case."""
-    hf, model = _models(case.shape)
-    block, vocab = model.config.block_size, model.config.vocab_size
+    """(hf, shape, prompt, eos_ids, choose, want) for a case: ``choose`` is this side's, to compute ``want``. Computed
+    once: do not change what it returns."""
+    hf, shape = _hf(case.shape), SHAPES[case.shape]
+    block, vocab = shape.block_size, shape.vocab_size
     prompt = _ids(case.prompt_len, vocab, seed=7 * case.prompt_len + case.n + block)
     greedy = hf_generate(hf, prompt, case.n) if case.prompt_len + case.n <= block else hf_loop(hf, prompt, case.n)
     eos: set[int] | tuple[int, ...] | list[int] = []
@@ -247,46 +294,48 @@ def _loop_case(case: LoopCase):
         want = hf_generate(hf, prompt, case.n, eos_ids=set(eos))
     else:
         want = greedy
-    return hf, model, prompt, eos, choose, want
+    return hf, shape, prompt, eos, choose, want
 
 
-@isolated()
+EXTRA = 10  # ids read past max_new_tokens from a token stream that goes on: enough to tell what it does
+
+
+@cell("test_token_stream")
 def check_token_stream(token_stream):
+    models = {}
     for case in LOOP_CASES:
-        hf, model, prompt, eos, choose, want = _loop_case(case)
-        block = model.config.block_size
-        before = list(prompt)
-        seen = []
-
-        def recording(logits, ids, _seen=seen):
-            _seen.append(([int(i) for i in ids], logits))
-            return choose(logits, ids)
+        hf, shape, prompt, eos, choose, want = _loop_case(case)
+        model = models[case.shape] = models.get(case.shape) or _model(case.shape)
+        block = shape.block_size
+        theirs = make("generation.listed", prompt)  # the caller's list, on the learner's side
+        chooser = make("generation.Lowest") if case.choose else None  # picks the lowest score, records its calls
 
         kwargs = {}
         if eos:
             kwargs["eos_ids"] = eos
         if case.choose:
-            kwargs["choose"] = recording
+            kwargs["choose"] = chooser
         label = (f"token_stream(<GPT with block_size={block}>, <{len(prompt)} ids>, {case.n}"
                  + "".join(f", {k}={show(v) if k == 'eos_ids' else '<lowest score>'}" for k, v in kwargs.items())
                  + f") ({case.what})")
         long = len(prompt) + case.n > block
-        got = call(lambda: list(token_stream(model, prompt, case.n, **kwargs)), label=label,
+        got = call(lambda: collect(token_stream(model, theirs, case.n, **kwargs), case.n + EXTRA)[0], label=label,
                    hint="a context longer than block_size is cut in last_logits" if long else "")
-        if prompt != before:
-            fail(f"{label}: the prompt list mutated: it was {show(before)}, it is now {show(prompt)}",
+        now = _read_back(theirs)
+        if now != prompt:
+            fail(f"{label}: the prompt list mutated: it was {show(prompt)}, it is now {show(now)}",
                  "token_stream must not change the caller's list: copy it first, ids = list(prompt_ids)")
         if any(isinstance(t, bool) or not isinstance(t, int) for t in got):
             bad = next(t for t in got if isinstance(t, bool) or not isinstance(t, int))
-            fail(f"{label} yielded {show(bad)} ({type(bad).__name__}); yield plain int ids",
+            fail(f"{label} yielded {show(bad)} ({_type_name(bad)}); yield plain int ids",
                  "yield what choose returns; int(torch.argmax(...)) for a tensor")
         if got == want:
             if case.choose:
-                _check_choose_calls(label, seen, prompt, want, hf)
+                _check_choose_calls(label, chooser.seen, prompt, want, hf)
             continue
         fail(f"{label} yielded {show(got)}; Hugging Face's GPT-2 gives {show(want)}",
              _loop_hint(case, hf, prompt, eos, choose, got, want))
-    _check_lazy(token_stream)
+    _check_lazy(token_stream, models.get("a") or _model("a"))
 
 
 def _loop_hint(case, hf, prompt, eos, choose, got, want) -> str:
@@ -322,14 +371,14 @@ def _check_choose_calls(label, seen, prompt, want, hf):
                  "pass last_logits(model, ids) to choose")
 
 
-def _check_lazy(token_stream):
-    hf, model = _models("a")
-    counting = _Counting(model)
+def _check_lazy(token_stream, model: Remote):
+    counting = make("common.Counting", model)  # counts its forward passes in .calls
     n = 10
     label = f"token_stream(<GPT>, <3 ids>, {n})"
-    call(lambda: next(iter(token_stream(counting, _ids(3, model.config.vocab_size, seed=1), n))), label=label)
-    if counting.calls >= n:
-        fail(f"token_stream(<GPT>, <3 ids>, {n}) ran {counting.calls} forward passes before giving its first token",
+    call(lambda: next(iter(token_stream(counting, _ids(3, SHAPES["a"].vocab_size, seed=1), n))), label=label)
+    calls = counting.calls
+    if calls >= n:
+        fail(f"token_stream(<GPT>, <3 ids>, {n}) ran {calls} forward passes before giving its first token",
              "yield each token as soon as it is chosen (a generator), so the caller can show it at once")
 
 
@@ -405,7 +454,7 @@ HELD_BACK_MISTAKES = [
 ]
 
 
-@isolated()
+@cell("test_stop_strings")
 def check_stop_strings(find_stop, held_back):
     for text, stops in FIND_STOP_CASES:
         got = call(find_stop, text, stops, name="find_stop")
@@ -430,27 +479,6 @@ def check_stop_strings(find_stop, held_back):
 @functools.cache
 def _encoding():
     return coursekit.gpt2_encoding()
-
-
-class Scripted(torch.nn.Module):
-    """A model that writes a script: after the prompt and k tokens, its logits put ``script[k]`` on top (and
-    at earlier positions the token that followed them in the script), whatever the context says."""
-
-    FILLER = 30  # "?": what it predicts after the prompt's earlier positions
-
-    def __init__(self, prompt_len: int, script: list[int], vocab_size: int = 50257, block_size: int = 1024):
-        super().__init__()
-        self.config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=1, n_head=1, n_embd=1)
-        self.prompt_len, self.script, self.calls = prompt_len, list(script), 0
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        batch, t = idx.shape
-        logits = torch.zeros(batch, t, self.config.vocab_size)
-        for pos in range(t):
-            k = pos + 1 - self.prompt_len
-            logits[:, pos, self.script[k] if 0 <= k < len(self.script) else self.FILLER] = 10.0
-        return logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,15 +553,16 @@ def expected_stream(script: list[int], stops: list[str], eos_ids: set[int], max_
     return Expected(ids, enc.decode(ids), "length")
 
 
-@isolated()
+@cell("test_text_stream")
 def check_text_stream(TextStream):
     enc = _encoding()
+    theirs = make("common.gpt2_encoding")  # the same encoding, on the learner's side
     eos_default = {enc.encode(END, allowed_special="all")[0]}
     for case in STREAM_CASES:
         script = case.script()
         prompt_ids = enc.encode(case.prompt)
         chooser_script = [i for p in case.choose for i in enc.encode(p)]
-        model = Scripted(len(prompt_ids), script)
+        model = make("generation.Scripted", len(prompt_ids), script)  # writes the script, whatever the context
         stops = [case.stop] if isinstance(case.stop, str) else list(case.stop)
         max_new = len(script) if case.max_new is None else case.max_new
         eos = eos_default if case.eos_ids is None else set(case.eos_ids)
@@ -542,20 +571,21 @@ def check_text_stream(TextStream):
         if case.eos_ids is not None:
             kwargs["eos_ids"] = case.eos_ids
         if chooser_script:
-            kwargs["choose"] = lambda logits, ids, _n=len(prompt_ids), _s=chooser_script: _s[len(ids) - _n]
+            kwargs["choose"] = make("generation.Writer", len(prompt_ids), chooser_script)
         label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(case.prompt)}, {max_new}, stop={show(case.stop)}" + \
             (f", eos_ids={case.eos_ids}" if case.eos_ids is not None else "") + \
             (", choose=<writes its own tokens>" if chooser_script else "") + f") ({case.what})"
-        stream = call(TextStream, model, enc, case.prompt, max_new, **kwargs, label=label)
-        pieces = call(list, stream, label=f"list({label})")
+        stream = call(TextStream, model, theirs, case.prompt, max_new, **kwargs, label=label)
+        most = 2 * (max_new + len(want.text)) + 10  # pieces: more than that, and the stream never ends
+        pieces = call(lambda: collect(stream, most)[0], label=f"list({label})")
         _check_stream(label, case, stream, pieces, want, chooser_script or script, stops)
-    _check_streams_early(TextStream)
+    _check_streams_early(TextStream, theirs)
 
 
 def _check_stream(label, case, stream, pieces, want: Expected, script, stops):
     if not all(isinstance(p, str) for p in pieces):
         bad = next(p for p in pieces if not isinstance(p, str))
-        fail(f"{label} yielded {show(bad)} ({type(bad).__name__}); yield pieces of text (str)")
+        fail(f"{label} yielded {show(bad)} ({_type_name(bad)}); yield pieces of text (str)")
     text = "".join(pieces)
     got_ids = getattr(stream, "ids", None)
     if isinstance(got_ids, list) and got_ids != script[:len(got_ids)]:
@@ -640,13 +670,14 @@ def _ids_hint(got_ids, want: Expected, script) -> str:
     return ("these are not the ids the model wrote: check token_stream and last_logits first (test_token_stream)")
 
 
-def _check_streams_early(TextStream):
-    """Text must come out while it is written, not all at the end."""
+def _check_streams_early(TextStream, theirs: Remote):
+    """Text must come out while it is written, not all at the end. ``theirs``: the encoding, on the learner's side."""
     enc = _encoding()
     script = enc.encode(" Now is the winter of our discontent made glorious summer by this sun of York")
-    model = Scripted(len(enc.encode("GLOUCESTER:")), script)
+    model = make("generation.Scripted", len(enc.encode("GLOUCESTER:")), script)
     label = f"TextStream(<model>, <GPT-2 tokenizer>, 'GLOUCESTER:', {len(script)})"
-    first = call(lambda: next(iter(TextStream(model, enc, "GLOUCESTER:", len(script)))), label=f"next(iter({label}))")
+    first = call(lambda: next(iter(TextStream(model, theirs, "GLOUCESTER:", len(script)))),
+                 label=f"next(iter({label}))")
     if model.calls >= len(script):
         fail(f"TextStream yielded its first piece {show(first)} only after all {len(script)} tokens were written",
              "yield text as soon as it is safe to show (no incomplete character, nothing that may start a stop "
