@@ -941,6 +941,8 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     chapters = sorted({s.chapter for s in submissions})
     ws = Workspace(workdir, course_root)
     ws.open(chapters, fresh, verbose)
+    import transformers  # noqa: F401 (its lazy imports are not thread-safe: load the parts checks use before
+    transformers.GPT2LMHeadModel  # noqa: B018    several notebooks are judged at once)
     for ch in chapters:
         judge.checks(ch)  # the checks, torch and the oracles load once, before the first notebook runs
     released = {ch: ws.released_grade_ids(ch) for ch in chapters}

@@ -86,10 +86,14 @@ def _text(value, limit: int) -> str:
 class SessionLost(Exception):
     """The other side stopped answering: the cell's time limit, a dead kernel, or a closed connection."""
 
+    grader_side = True  # coursekit.testing.call lets it through: not an error of the learner's code
+
 
 class GraderError(Exception):
     """A mistake of the grader's own (a check that sent what cannot be sent, a request the sandbox could not
     read): never the learner's fault."""
+
+    grader_side = True
 
 
 # ---------------------------------------------------------------------------------------------------

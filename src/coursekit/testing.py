@@ -141,6 +141,8 @@ def call(fn, *args, name: str | None = None, label: str | None = None, hint: str
     except NotImplementedError as err:
         raise not_written(label, err) from None
     except Exception as err:  # the learner's bug, reported with the call that triggered it and its line
+        if getattr(err, "grader_side", False):  # the grader's own trouble (a lost connection) is not the learner's
+            raise
         raise AssertionError(f"{label} raised {describe_error(err)}" + (f"\nHint: {hint}" if hint else "")) \
             from err
 
@@ -164,10 +166,14 @@ def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: st
     except NotImplementedError as err:
         raise not_written(label, err) from None
     except exc_type as err:
+        if getattr(err, "grader_side", False):
+            raise
         if match and match not in str(err):
             fail(f"{label} raised {describe_error(err)}, whose message should mention {match!r}", hint)
         return None
     except Exception as err:
+        if getattr(err, "grader_side", False):
+            raise
         fail(f"{label} raised {describe_error(err)}; expected {exc_type.__name__}", hint)
     fail(f"{label} returned {show(got)}; expected it to raise {exc_type.__name__}", hint)
 
