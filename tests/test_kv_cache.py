@@ -6,14 +6,20 @@ steps, and the cached keys and values themselves, tensor for tensor. Generation 
 generation without it, greedy, seeded sampling and beam search, on random GPT-2s (also far past the window)
 and on the course's trained model, and equals Hugging Face's ``generate``. The cache's memory equals the
 formula, for the shipped model and for GPT-2 small (72 MiB at 1,024 tokens in float32). The hidden checks' own
-fixtures are tested too: they pass on the reference, and no greedy step they rely on is a near tie.
+fixtures are tested too: they pass on the reference, the learner's side builds their models as the judge does, and
+no greedy step they rely on is a near tie.
 """
+import os
+import subprocess
+import sys
+
 import torch
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import coursekit
 from autograder.checks import kv_cache as checks
+from autograder.helpers.kv_cache import held_bytes
 from minigpt.attention import CausalSelfAttention
 from minigpt.generation import last_logits, token_stream
 from minigpt.kv_cache import CachedModel, KVCache, attention_with_cache, forward_with_cache, kv_cache_bytes
@@ -189,7 +195,7 @@ def test_a_new_prompt_gets_a_fresh_cache_and_memory_stays_bounded():
         prompt = torch.randint(0, 30, (4,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert list(token_stream(cm, prompt, 6)) == list(token_stream(model, prompt, 6))
     assert len(cm.caches) <= 4
-    assert checks._held_bytes(cm) <= 4 * kv_cache_bytes(model.config, 12)
+    assert held_bytes(cm) <= 4 * kv_cache_bytes(model.config, 12)
 
 
 # ---------------------------------------------------------------- the course's model
@@ -230,15 +236,46 @@ def test_cache_bytes_of_gpt2_small_are_72_mib_at_1024_tokens():
 
 # ---------------------------------------------------------------- the hidden checks' fixtures
 
-@pytest.mark.parametrize("check, args", [
-    ("check_kv_cache", (KVCache,)),
-    ("check_attention_with_cache", (attention_with_cache, KVCache)),
-    ("check_forward_with_cache", (forward_with_cache, KVCache)),
-    ("check_cached_model", (CachedModel,)),
-    ("check_kv_cache_bytes", (kv_cache_bytes,)),
+@pytest.mark.parametrize("grade_id, args", [
+    ("test_kv_cache", (KVCache,)),
+    ("test_attention_with_cache", (attention_with_cache, KVCache)),
+    ("test_forward_with_cache", (forward_with_cache, KVCache)),
+    ("test_cached_model", (CachedModel,)),
+    ("test_kv_cache_bytes", (kv_cache_bytes,)),
 ])
-def test_hidden_checks_pass_on_the_reference(check, args):
-    getattr(checks, check)(*args)
+def test_hidden_checks_pass_on_the_reference(grade_id, args):
+    """The checks judge stand-ins of the learner's objects: they run as a hidden test cell runs them (the judge in this
+    process, through the same plain data)."""
+    from autograder.hidden import check
+    from autograder.judge import forget_here
+
+    forget_here()
+    check(grade_id, *args)
+
+
+def test_the_learner_side_builds_the_checks_models_without_this_chapter():
+    """The helpers run in chapter 7's sandbox, where minigpt.kv_cache cannot be imported; the GPT and the attention
+    layer they build there hold the weights of the judge's, built from the same recipes."""
+    from autograder.grade import blocked_modules
+
+    shape, (n_embd, n_head, batch, chunks) = "b", checks.ATTENTION_CASES[1]
+    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('07-kv-cache')!r}))\n"
+            "import torch\n"
+            "from autograder.helpers import make\n"
+            f"model = make('kv_cache.seeded_gpt', **{checks._recipe(shape)!r})\n"
+            f"attn, x = make('kv_cache.attention_case', {n_embd}, {n_head}, {batch}, {sum(chunks)}, 711)\n"
+            "make('kv_cache.gpt_config', n_layer=2)\n"
+            "assert 'minigpt.kv_cache' not in sys.modules or sys.modules['minigpt.kv_cache'] is None\n"
+            "with torch.no_grad():\n"
+            "    print(repr([model(torch.tensor([[1, 2, 3]]))[0, -1].tolist(), attn(x).flatten().tolist()]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    logits, attended = (torch.tensor(v) for v in eval(out.stdout))
+    case = checks._attention_chunks(n_embd, n_head, batch, chunks, seed=711)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, checks._models(shape)(torch.tensor([[1, 2, 3]]))[0, -1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(attended, case.attn(torch.cat(case.xs, dim=1)).flatten(), atol=1e-5, rtol=0)
 
 
 def test_hidden_check_models_equal_hugging_face(tmp_path):

@@ -10,13 +10,22 @@ notebook). For ``CachedModel``: the reference generation loops of chapters 5 and
 seeded ``Sampler``, ``beam_search``) with the plain model, token for token, also past the window. For the
 memory: the tensors that a cache of keys and values really holds, in float32 and bfloat16.
 
+The learner's classes and functions are stand-ins (``autograder.judge.Remote``): they run where the notebook
+runs, and so do the models, attention layers and configs they are given, built there from plain recipes
+(``autograder.helpers.kv_cache``: a shape and a seed), as do the measurements that need the learner's objects
+(the positions a model computed, the tensors a ``CachedModel`` holds, the generation loops of chapters 5 and 6
+run with it). The expected answers are computed here, from the same recipes; what the learner's code returns
+(logits, keys and values) comes back as plain tensors.
+
 Inputs are ones the notebook's visible tests do not use: batches of 1 to 3 sequences, a prefill of one token,
 a prefill of several tokens after decode steps, a window that fills up and slides.
 
 When an answer is wrong, a check runs the known mistakes on the same weights (a KV-cached GPT-2 built here from
 the model's own layers and torch's attention, with the mistake made on purpose) and names the one whose
 numbers the learner's code gave. A mistake in ``KVCache`` is named in the later cells too ("fix KVCache
-first"), since they store their keys and values in it.
+first"), since they store their keys and values in it: the learner's attention is tried with a cache that
+answers with the right keys and values (``ScriptedCache``, scripted here), and the learner's KVCache is tried
+on its own.
 
 The checks test what the code computes, never how: a cache that preallocates its tensors and writes into them
 with an index, ``F.scaled_dot_product_attention`` with a mask, a ``CachedModel`` that copies tensors or evicts
@@ -25,14 +34,16 @@ in another order, or keeps a single entry, all get full marks. Nothing here impo
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 
 import torch
 import torch.nn.functional as F
 
 from autograder.checks import Shape
-from coursekit.testing import call, fail, isolated, not_written, show
+from autograder.helpers import kv_cache as recipes
+from autograder.judge import LearnerError, Remote, ask, cell, learner_side, make, seeded, type_of
+from coursekit.testing import call, describe_error, fail, not_written, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
@@ -55,8 +66,13 @@ def _diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.detach().float() - want).abs().max().item()
 
 
+def _type_name(obj) -> str:
+    """The short type name of what the learner's code returned (a stand-in: of the object on its side)."""
+    return type_of(obj).rpartition(".")[2] if isinstance(obj, Remote) else type(obj).__name__
+
+
 def _shape(x) -> str:
-    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else _type_name(x)
 
 
 # ---------------------------------------------------------------- random GPT-2s and the oracle
@@ -71,26 +87,26 @@ SHAPES = {
 INIT_RANGE = 0.2
 
 
-def _randomise(model: GPT) -> GPT:
-    """Random values for every parameter, LayerNorms and biases included; weights with a larger spread than
-    GPT-2's 0.02 spread the logits, so that no greedy step is a near tie that float rounding could flip."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "ln" in name and name.endswith("weight"):
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1 if p.dim() == 1 else INIT_RANGE)
-    return model.eval()
+def _recipe(name: str) -> dict:
+    """The plain recipe of the random GPT-2 of shape ``name``: ``recipes.seeded_gpt(**recipe)`` builds it (every
+    parameter drawn from torch's generator seeded with the shape's seed: LayerNorm weights in [0.5, 1.5], biases
+    N(0, 0.1), matrices N(0, INIT_RANGE))."""
+    s = SHAPES[name]
+    return dict(vocab_size=s.vocab_size, block_size=s.block_size, n_layer=s.n_layer, n_head=s.n_head,
+                n_embd=s.n_embd, seed=s.seed, init_range=INIT_RANGE)
 
 
 @functools.cache
 def _models(name: str) -> GPT:
-    """The reference GPT (chapter 4, tested against Hugging Face's GPT-2) of the shape ``name``, random weights."""
-    s = SHAPES[name]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(s.seed)
-        return _randomise(GPT(GPTConfig(vocab_size=s.vocab_size, block_size=s.block_size, n_layer=s.n_layer,
-                                        n_head=s.n_head, n_embd=s.n_embd)))
+    """The reference GPT (chapter 4, tested against Hugging Face's GPT-2) of the shape ``name``, random weights:
+    the model the learner's side builds from the same recipe."""
+    with seeded(SHAPES[name].seed):  # the recipe draws from torch's generator: one such block at a time
+        return recipes.seeded_gpt(**_recipe(name))
+
+
+def _model(name: str) -> Remote:
+    """The GPT of shape ``name`` on the learner's side."""
+    return make("kv_cache.seeded_gpt", **_recipe(name))
 
 
 def _ids(shape: tuple[int, ...], vocab: int, seed: int) -> torch.Tensor:
@@ -107,7 +123,7 @@ def _plain_last(model, ids: list[int]) -> torch.Tensor:
 
 class _Cache:
     """The notebook's KVCache interface (per-layer ``keys`` and ``values`` lists, ``length``, ``append``), known to
-    be right: it lets a check tell a mistake in attention_with_cache from one in the learner's KVCache."""
+    be right: the cache of the known mistakes replayed here (never given to the learner's code)."""
 
     def __init__(self, n_layer: int):
         self.keys: list[torch.Tensor | None] = [None] * n_layer
@@ -190,14 +206,14 @@ def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
     # one-token decode step and a chunk of three after it; layer 1 in between, to see that layers are apart.
     for layer, t in [(0, 2), (1, 2), (0, 2), (0, 1), (1, 1), (0, 3)]:
         k_new, v_new = kv(t)
-        before = [x.clone() for x in (k_new, v_new)]
         label = (f"KVCache.append(layer={layer}, k, v) with k, v of shape {(B, H, t, D)}, after appending "
                  f"{[s[0].shape[2] for s in stored[layer]]} positions to layer {layer}")
-        got = call(cache.append, layer, k_new, v_new, label=label,
-                   hint="concatenate along dim 2, the time dimension of (B, n_head, T, head_size): other dims "
-                        "must match, and only T differs between the old and the new positions"
-                   if stored[layer] else "")
-        if not all(torch.equal(a, b) for a, b in zip((k_new, v_new), before)):
+        # On the learner's side: (what append returned, whether it wrote into the k or v it was given).
+        got, changed = call(lambda: ask("kv_cache.watched", cache.append, layer, k_new, v_new), label=label,
+                            hint="concatenate along dim 2, the time dimension of (B, n_head, T, head_size): other "
+                                 "dims must match, and only T differs between the old and the new positions"
+                            if stored[layer] else "")
+        if changed:
             return f"{label} changed the k or v it was given", "store them (or copies); never write into them"
         old_k = [s[0] for s in stored[layer]]
         old_v = [s[1] for s in stored[layer]]
@@ -248,7 +264,7 @@ def _append_hint(k, v, k_new, v_new, old_k, old_v, want_k, want_v) -> str:
     return "append stores the layer's old and new positions, along dim 2, and returns them all"
 
 
-@isolated()
+@cell("test_kv_cache")
 def check_kv_cache(KVCache):
     problem = _kv_cache_problem(KVCache)
     if problem:
@@ -288,20 +304,26 @@ ATTENTION_MISTAKES = [
 ]
 
 
-def _attention_chunks(n_embd, n_head, B, chunks, seed):
-    from minigpt.attention import CausalSelfAttention
+@dataclasses.dataclass
+class _AttentionCase:
+    attn: torch.nn.Module  # this side's layer, built from the recipe the learner's side builds its own from
+    xs: list[torch.Tensor]  # the inputs, chunk by chunk
+    want: list[torch.Tensor]  # the oracle's outputs, chunk by chunk
+    cached: list[tuple[torch.Tensor, torch.Tensor]]  # all keys and values after each chunk (what append returns)
+    new: list[tuple[torch.Tensor, torch.Tensor]]  # the new keys and values of each chunk (what append is given)
 
-    torch.manual_seed(seed)
-    attn = CausalSelfAttention(n_embd, n_head).eval()
-    with torch.no_grad():
-        for p in attn.parameters():
-            p.normal_(0.0, 0.5)
-    x = torch.randn(B, sum(chunks), n_embd)
+
+def _attention_chunks(n_embd, n_head, B, chunks, seed) -> _AttentionCase:
+    with seeded(seed):  # the recipe draws from torch's generator: one such block at a time
+        attn, x = recipes.attention_case(n_embd, n_head, B, sum(chunks), seed)
     with torch.no_grad():  # the oracle: every position at once, torch's causal attention
         q, k, v = (_heads(attn, t) for t in attn.c_attn(x).split(n_embd, dim=2))
         full = attn.c_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape))
     bounds = [sum(chunks[:j]) for j in range(len(chunks) + 1)]
-    return attn, [x[:, a:b] for a, b in zip(bounds, bounds[1:])], [full[:, a:b] for a, b in zip(bounds, bounds[1:])]
+    spans = list(zip(bounds, bounds[1:]))
+    return _AttentionCase(attn, [x[:, a:b] for a, b in spans], [full[:, a:b] for a, b in spans],
+                          [(k[:, :, :b].contiguous(), v[:, :, :b].contiguous()) for _, b in spans],
+                          [(k[:, :, a:b], v[:, :, a:b]) for a, b in spans])
 
 
 def _attention_run(attention_with_cache, attn, xs, cache, label):
@@ -310,15 +332,15 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
     for j, x in enumerate(xs):
         t_cached = sum(c.shape[1] for c in xs[:j])
         try:
-            with torch.no_grad():
+            with learner_side(no_grad=True):
                 out = attention_with_cache(attn, x, cache, 0)
         except NotImplementedError as err:
             raise not_written(label, err) from None
-        except Exception as err:  # noqa: BLE001 (reported below, with the chunk that caused it)
-            return outs, j, f"{type(err).__name__}: {err}"
+        except LearnerError as err:  # reported below, with the chunk that caused it
+            return outs, j, describe_error(err)
         outs.append(out)
         if not isinstance(out, torch.Tensor):
-            fail(f"{label} returned {type(out).__name__} for {x.shape[1]} new positions, expected a tensor of "
+            fail(f"{label} returned {_type_name(out)} for {x.shape[1]} new positions, expected a tensor of "
                  f"shape {tuple(x.shape)}")
         if out.shape != x.shape:
             hint = "return the outputs of the new positions only, (B, T_new, C)" \
@@ -329,10 +351,13 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
     return outs, None, ""
 
 
-@isolated()
+@cell("test_attention_with_cache")
 def check_attention_with_cache(attention_with_cache, KVCache):
     for case, (n_embd, n_head, B, chunks) in enumerate(ATTENTION_CASES):
-        attn, xs, want = _attention_chunks(n_embd, n_head, B, chunks, seed=710 + case)
+        seed = 710 + case
+        c = _attention_chunks(n_embd, n_head, B, chunks, seed)
+        xs, want = c.xs, c.want
+        attn = ask("kv_cache.attention_case", n_embd, n_head, B, sum(chunks), seed)[0]  # the same layer, theirs
         label = f"attention_with_cache(<CausalSelfAttention(n_embd={n_embd}, n_head={n_head})>, x, cache, 0)"
         cache = call(KVCache, 1, label="KVCache(n_layer=1)")
         outs, crashed, error = _attention_run(attention_with_cache, attn, xs, cache, label)
@@ -347,15 +372,32 @@ def check_attention_with_cache(attention_with_cache, KVCache):
         t_cached, t_new = sum(chunks[:j]), chunks[j]
         where = (f"{label}, batch of {B}, chunks of {chunks} new positions: on chunk {j + 1} ({t_new} new "
                  f"position{'s' * (t_new > 1)}, {t_cached} cached)")
-        trusted, trusted_crash, _ = _attention_run(attention_with_cache, attn, xs, _Cache(1), label)
-        blame = _kv_cache_blame(KVCache) if trusted_crash is None and _first_wrong(trusted, want) is None else ""
+        # The same calls with a cache known to be right (it answers with the right keys and values): if they are
+        # right, the mistake is the learner's KVCache's.
+        scripted = make("kv_cache.ScriptedCache", c.cached)
+        trusted, trusted_crash, _ = _attention_run(attention_with_cache, attn, xs, scripted, label)
+        right = trusted_crash is None and _first_wrong(trusted, want) is None and _appended_right(scripted.given, c)
+        blame = _kv_cache_blame(KVCache) if right else ""
         if crashed == j:
             hint = blame or ("the scores are (T_new, T): the mask must be causal_mask(T_new, T), not causal_mask(T_new)"
                              if t_new > 1 and t_cached else "")
             fail(f"{where} raised {error}", hint)
-        hint = blame or _matching_mistake(attn, xs[:j + 1], outs[:j + 1])
+        hint = blame or _matching_mistake(c.attn, xs[:j + 1], outs[:j + 1])
         fail(f"{where}: the outputs differ from attention over the whole sequence by up to "
              f"{_diff(outs[j], want[j]):.2e}", hint)
+
+
+def _appended_right(given, c: _AttentionCase) -> bool:
+    """Whether the learner's attention gave the scripted cache's append, chunk by chunk, layer 0 and the right new
+    keys and values (as a right cache would have stored them)."""
+    if not isinstance(given, list) or len(given) != len(c.new):
+        return False
+    for record, (k, v) in zip(given, c.new):
+        if not isinstance(record, tuple) or len(record) != 3 or record[0] != 0:
+            return False
+        if not all(isinstance(t, torch.Tensor) and _close(t, want) for t, want in zip(record[1:], (k, v))):
+            return False
+    return True
 
 
 def _first_wrong(outs, want) -> int | None:
@@ -396,10 +438,12 @@ FORWARD_MISTAKES = [
 ]
 
 
-@isolated()
+@cell("test_forward_with_cache")
 def check_forward_with_cache(forward_with_cache, KVCache):
+    theirs = {}  # the learner's side's model of each shape
     for shape, B, chunks in FORWARD_CASES:
         model = _models(shape)
+        theirs[shape] = theirs.get(shape) or _model(shape)
         cfg = model.config
         idx = _ids((B, sum(chunks)), cfg.vocab_size, seed=720 + B)
         with torch.no_grad():
@@ -413,15 +457,15 @@ def check_forward_with_cache(forward_with_cache, KVCache):
         for j, part in enumerate(parts):
             where = f"{label}: chunk {j + 1} ({part.shape[1]} new, {bounds[j]} cached)"
             try:
-                got = forward_with_cache(model, part, cache)
+                got = forward_with_cache(theirs[shape], part, cache)
             except NotImplementedError as err:
                 raise not_written(where, err) from None
-            except Exception as err:  # noqa: BLE001 (the learner's bug, reported with the call that caused it)
-                fail(f"{where} raised {type(err).__name__}: {err}", _forward_crash_hint(str(err), KVCache, j,
-                                                                                       part.shape[1]))
+            except LearnerError as err:  # the learner's bug, reported with the call that caused it
+                fail(f"{where} raised {describe_error(err)}", _forward_crash_hint(str(err), KVCache, j,
+                                                                                  part.shape[1]))
             want = want_all[:, bounds[j]:bounds[j + 1]]
             if not isinstance(got, torch.Tensor):
-                fail(f"{where} returned {type(got).__name__}, expected logits of shape {tuple(want.shape)}")
+                fail(f"{where} returned {_type_name(got)}, expected logits of shape {tuple(want.shape)}")
             if got.requires_grad:
                 fail(f"{where} returned logits that are part of a gradient graph",
                      "run the model under torch.no_grad(): otherwise every cached key and value keeps the graph of "
@@ -468,26 +512,11 @@ def _forward_mistake(model, parts, outs) -> str:
 
 # ---------------------------------------------------------------- CachedModel
 
-@contextlib.contextmanager
-def _counting(model):
-    """Counts the positions the model computes (the new positions of every call reach block 0's ln_1):
-    yields a list whose one number grows."""
-    positions = [0]
-
-    def count(module, inputs, output):
-        positions[0] += inputs[0].shape[-2]
-
-    handle = model.h[0].ln_1.register_forward_hook(count)
-    try:
-        yield positions
-    finally:
-        handle.remove()
-
-
-def _wrap(CachedModel, model, label, **kwargs):
-    cm = call(CachedModel, model, **kwargs,
+def _wrap(CachedModel, theirs, config, label, **kwargs):
+    """The learner's CachedModel of ``theirs`` (the model on the learner's side, whose config is ``config``)."""
+    cm = call(CachedModel, theirs, **kwargs,
               label=f"CachedModel(<GPT>{''.join(f', {k}={v}' for k, v in kwargs.items())})")
-    if getattr(getattr(cm, "config", None), "block_size", None) != model.config.block_size:
+    if getattr(getattr(cm, "config", None), "block_size", None) != config.block_size:
         fail(f"{label}: CachedModel(model).config is not the model's config",
              "the loops of chapters 5 and 6 read model.config.block_size: keep self.config = model.config")
     return cm
@@ -500,16 +529,17 @@ def _last_row(got, label, vocab) -> torch.Tensor:
     return got[0, -1].detach().float()
 
 
-def _probe(cm, model, ids: list[int], label: str, candidates=(), decode: bool = False) -> int:
+def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode: bool = False) -> int:
     """Ask the learner's CachedModel for the logits after ``ids`` and compare the last row with the model's;
-    return the number of positions it ran through the model. ``candidates``: (ids, why) pairs, the mistake
+    return the number of positions it ran through the model (``theirs``, the model on the learner's side, counts
+    them: the new positions of every call reach block 0's ln_1). ``candidates``: (ids, why) pairs, the mistake
     being "gave the logits after those ids". The mistakes of forward_with_cache are named too, on a prefill of
     ids or, if ``decode``, a prefill of ids[:-1] and a decode step."""
-    with _counting(model) as positions:
-        got = _last_row(call(cm, torch.tensor([ids]), label=label, hint=BUILT_ON), label, model.config.vocab_size)
+    out, positions = call(ask, "kv_cache.counted", cm, theirs, torch.tensor([ids]), label=label, hint=BUILT_ON)
+    got = _last_row(out, label, model.config.vocab_size)
     want = _plain_last(model, ids)
     if _close(got, want):
-        return positions[0]
+        return positions
     hint = next((why for seq, why in candidates if len(seq) <= model.config.block_size
                  and _close(got, _plain_last(model, seq))), "")
     parts = [torch.tensor([ids[:-1]]), torch.tensor([ids[-1:]])] if decode else [torch.tensor([ids])]
@@ -520,43 +550,21 @@ def _probe(cm, model, ids: list[int], label: str, candidates=(), decode: bool = 
          hint)
 
 
-def _held_bytes(root) -> int:
-    """Bytes of the tensor storage an object holds (through attributes, dicts, lists, tuples and sets; not through
-    the model, a torch module), each storage counted once."""
-    seen, storages, stack = set(), {}, [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (torch.nn.Module, type, str, bytes, int, float)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(obj, dict):
-            stack.extend(obj.keys())
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(obj)
-        elif hasattr(obj, "__dict__") and not callable(obj) or obj is root:
-            stack.extend(vars(obj).values())
-    return sum(storages.values())
-
-
-def _check_probes(CachedModel, model, prompts) -> None:
+def _check_probes(CachedModel, model, theirs, prompts) -> None:
     """Direct calls, the way the loops make them, each compared with the uncached model."""
     p, q = prompts
-    cm = _wrap(CachedModel, model, "CachedModel")
+    cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
     name = "CachedModel(<GPT>)"
     seq = lambda ids: show(ids)  # noqa: E731
-    _probe(cm, model, p, f"{name} called first with ids {seq(p)} (a prefill)")
+    _probe(cm, model, theirs, p, f"{name} called first with ids {seq(p)} (a prefill)")
     a, b, c = 5, 7, 11  # three different next tokens: two siblings (a, b) and a grandchild (c)
-    positions = _probe(cm, model, p + [a], f"{name}, then with {seq(p + [a])}", decode=True)
+    positions = _probe(cm, model, theirs, p + [a], f"{name}, then with {seq(p + [a])}", decode=True)
     if positions not in (0, 1):  # 0: the learner's code does not go through block 0's ln_1 module
         fail(f"{name}, called with {seq(p)} and then {seq(p + [a])}, ran the model over {positions} "
              "positions for the one new token", "find the cache of ids[:-1] and run only the last token through "
              "forward_with_cache: that is the point of the cache")
     # A new prompt: a cache of the previous call must not be continued.
-    _probe(cm, model, q, f"{name}, after {seq(p + [a])}, called with a new prompt {seq(q)}",
+    _probe(cm, model, theirs, q, f"{name}, after {seq(p + [a])}, called with a new prompt {seq(q)}",
            [(p + [a] + q[-1:], "a stale cache was reused for a different prompt: the new prompt's last token was "
                                "added to the cache of the previous call, which holds other tokens. A cache is "
                                "reused only for ids whose ids[:-1] it holds exactly; otherwise prefill a fresh "
@@ -565,14 +573,14 @@ def _check_probes(CachedModel, model, prompts) -> None:
                          "other tokens, was continued. A cache is reused only for ids whose ids[:-1] it holds "
                          "exactly; otherwise prefill a fresh KVCache")])
     # Beams: two continuations of one sequence, then the first one again.
-    _probe(cm, model, p + [b], f"{name}, after {seq(p + [a])}, called with {seq(p + [b])} (as beam search does: "
-                               "two beams that share a history)",
+    _probe(cm, model, theirs, p + [b], f"{name}, after {seq(p + [a])}, called with {seq(p + [b])} (as beam search "
+                                       "does: two beams that share a history)",
            [(p + [a, b], "beams: the second beam read the cache that the first beam had extended (one cache shared "
                          "by the beams, in the order of the calls, or the parent's cache extended in place). Each "
                          "beam needs the cache of its own history, ids[:-1]: extend a branch (new lists), never the "
                          "parent that another beam may continue")])
-    _probe(cm, model, p + [a, c], f"{name}, after {seq(p + [b])}, called with {seq(p + [a, c])} (the first "
-                                  "beam continues)",
+    _probe(cm, model, theirs, p + [a, c], f"{name}, after {seq(p + [b])}, called with {seq(p + [a, c])} (the "
+                                          "first beam continues)",
            [(p + [b, c], "beams: the cache of the first beam was changed by the second one; the cache must follow "
                          "each beam's own history: extend a branch (new lists), never a cache that another "
                          "sequence still uses"),
@@ -580,10 +588,10 @@ def _check_probes(CachedModel, model, prompts) -> None:
                             "beam needs the cache of its own history, ids[:-1]")])
 
 
-def _check_window(CachedModel, model, prompt) -> None:
+def _check_window(CachedModel, model, theirs, prompt) -> None:
     """Calls on the last block_size tokens of a growing sequence, as last_logits makes them: the window slides."""
     block = model.config.block_size
-    cm = _wrap(CachedModel, model, "CachedModel")
+    cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
     ids = list(prompt)
     for step in range(2 * block):
         window = ids[-block:]
@@ -602,41 +610,44 @@ def _check_window(CachedModel, model, prompt) -> None:
         ids.append(int(torch.argmax(want)))
 
 
-def _check_memory(CachedModel, model) -> None:
+def _check_memory(CachedModel, model, theirs) -> None:
     cfg = model.config
     per_cache = 2 * cfg.n_layer * cfg.n_embd * cfg.block_size * 4  # float32, a full window
     max_entries = 3
-    cm = _wrap(CachedModel, model, "CachedModel", max_entries=max_entries)
-    for seed in range(24):
-        list(token_stream(cm, _ids((4,), cfg.vocab_size, seed=740 + seed).tolist(), 5))
-    held = _held_bytes(cm)
+    cm = _wrap(CachedModel, theirs, cfg, "CachedModel", max_entries=max_entries)
+    for seed in range(24):  # chapter 5's token_stream, run on the learner's side
+        call(ask, "kv_cache.stream", cm, _ids((4,), cfg.vocab_size, seed=740 + seed).tolist(), 5,
+             label=f"token_stream(CachedModel(<GPT>, max_entries={max_entries}), <4 ids>, 5)")
+    held = call(ask, "kv_cache.held_bytes", cm, label=f"the tensors that CachedModel(<GPT>, max_entries={max_entries}) "
+                                                      "holds after 24 prompts")
     if held > 2 * max_entries * per_cache:
         fail(f"CachedModel(<GPT>, max_entries={max_entries}) holds {held:,} bytes of tensors after 24 prompts of "
              f"9 tokens; {max_entries} caches of a full window hold at most {max_entries * per_cache:,}",
              "memory grows without bound: keep at most max_entries caches, dropping the least recently used")
 
 
-def _check_loops(CachedModel, model, prompt, other) -> None:
+def _check_loops(CachedModel, model, theirs, prompt, other) -> None:
+    """The loops of chapters 5 and 6 (run on the learner's side, with the learner's CachedModel of ``theirs``), each
+    compared with the same loop here with the plain model."""
     block = model.config.block_size
     n = 3 * block
     label = f"<GPT with block_size={block}>, a prompt of {len(prompt)} ids, {n} new tokens"
     want = list(token_stream(model, prompt, n))
-    cm = _wrap(CachedModel, model, "CachedModel")
-    got = call(lambda: list(token_stream(cm, prompt, n)), label=f"token_stream(CachedModel({label}))")
+    cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
+    got = call(ask, "kv_cache.stream", cm, prompt, n, label=f"token_stream(CachedModel({label}))")
     if got != want:
         fail(f"greedy token_stream with CachedModel({label}) gave {show(got)}; without the cache {show(want)}",
              _first_difference(got, want, len(prompt), block))
     want = list(token_stream(model, other, n))
-    got = call(lambda: list(token_stream(cm, other, n)),
-               label="token_stream(<the same CachedModel>, another prompt)")
+    got = call(ask, "kv_cache.stream", cm, other, n, label="token_stream(<the same CachedModel>, another prompt)")
     if got != want:
         fail(f"greedy token_stream with the same CachedModel on a second prompt gave {show(got)}; without the cache "
              f"{show(want)}", "a stale cache of the first prompt was reused: a cache is reused only for ids whose "
                               "ids[:-1] it holds exactly")
     for seed in (3, 4):
-        want = list(token_stream(model, prompt, n, choose=Sampler(do_sample=True, seed=seed, top_k=20)))
-        got = call(lambda: list(token_stream(CachedModel(model), prompt, n,
-                                             choose=Sampler(do_sample=True, seed=seed, top_k=20))),
+        sampler = dict(do_sample=True, seed=seed, top_k=20)  # its own generator, seeded: the same draws on both sides
+        want = list(token_stream(model, prompt, n, choose=Sampler(**sampler)))
+        got = call(lambda: ask("kv_cache.stream", CachedModel(theirs), prompt, n, sampler),
                    label="token_stream(CachedModel(...), choose=Sampler(do_sample=True, ...))")
         if got != want:
             fail(f"seeded sampling (Sampler(do_sample=True, seed={seed}, top_k=20)) with CachedModel({label}) gave "
@@ -645,8 +656,8 @@ def _check_loops(CachedModel, model, prompt, other) -> None:
         want = beam_search(model, prompt, steps, num_beams=num_beams)
         label = f"beam_search(CachedModel(<GPT>, max_entries={entries}), <{len(prompt)} ids>, {steps}, " \
                 f"num_beams={num_beams})"
-        got = call(beam_search, CachedModel(model, max_entries=entries), prompt, steps, label=label,
-                   num_beams=num_beams)
+        got = call(lambda: ask("kv_cache.beams", CachedModel(theirs, max_entries=entries), prompt, steps, num_beams),
+                   label=label)
         if got != want:
             fail(f"{label} gave {show(got)}; without the cache {show(want)}",
                  "beams: each beam must continue the cache of its own history (the cache follows the beams as "
@@ -661,17 +672,18 @@ def _first_difference(got, want, prompt_len, block) -> str:
     return f"the tokens differ from step {k + 1} on"
 
 
-@isolated()
+@cell("test_cached_model")
 def check_cached_model(CachedModel):
+    theirs = {}  # the learner's side's model of each shape
     for shape, prompt_len in (("a", 5), ("b", 3)):
-        model = _models(shape)
+        model, theirs[shape] = _models(shape), _model(shape)
         vocab = model.config.vocab_size
         p = _ids((prompt_len,), vocab, seed=730).tolist()
         q = _ids((prompt_len + 2,), vocab, seed=731).tolist()
-        _check_probes(CachedModel, model, (p, q))
-        _check_window(CachedModel, model, p)
-        _check_loops(CachedModel, model, p, q)
-    _check_memory(CachedModel, _models("a"))
+        _check_probes(CachedModel, model, theirs[shape], (p, q))
+        _check_window(CachedModel, model, theirs[shape], p)
+        _check_loops(CachedModel, model, theirs[shape], p, q)
+    _check_memory(CachedModel, _models("a"), theirs["a"])
 
 
 # ---------------------------------------------------------------- kv_cache_bytes
@@ -691,7 +703,7 @@ BIG_CASES = [  # shapes too large to run: GPT-2 medium, large and XL, and a mode
 
 def _measured_bytes(config, tokens: int, dtype) -> int:
     """Bytes of the keys and values a cache holds after a forward over ``tokens`` positions in ``dtype``."""
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with seeded(0), torch.no_grad():  # GPT's initializer draws from torch's generator (the weights do not matter)
         model = GPT(config).to(dtype).eval()
         past = _Cache(config.n_layer)
         _forward(model, torch.zeros(1, tokens, dtype=torch.long), past)
@@ -713,7 +725,7 @@ def _bytes_mistakes(c, tokens, b):
     ]
 
 
-@isolated()
+@cell("test_kv_cache_bytes")
 def check_kv_cache_bytes(kv_cache_bytes):
     cases = [(c, t, b, _measured_bytes(c, t, dtype), " (what a cache of those positions holds)")
              for c, t, b, dtype in BYTES_CASES]
@@ -721,7 +733,8 @@ def check_kv_cache_bytes(kv_cache_bytes):
     for config, tokens, b, want, source in cases:
         label = (f"kv_cache_bytes(GPTConfig(n_layer={config.n_layer}, n_head={config.n_head}, n_embd={config.n_embd}, "
                  f"block_size={config.block_size}), {tokens}, bytes_per_number={b})")
-        got = call(kv_cache_bytes, config, tokens, label=label, bytes_per_number=b)
+        theirs = make("kv_cache.gpt_config", **dataclasses.asdict(config))  # the same GPTConfig, theirs
+        got = call(kv_cache_bytes, theirs, tokens, label=label, bytes_per_number=b)
         if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
             hint = next((why for value, why in _bytes_mistakes(config, tokens, b) if got == value), "")
             fail(f"{label} returned {show(got)}, expected {want:,}{source}", hint)
