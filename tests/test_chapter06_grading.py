@@ -7,19 +7,25 @@ full marks.
 
 Two ways of grading, the same expectations:
 - in-process (fast): the notebook's code cells run in order in one namespace, test cells whole, hidden part
-  included, as nbgrader runs them; every mutant and variant;
+  included, as nbgrader runs them: the hidden part's `check(...)` has the judge run the chapter's checks in this
+  process (`autograder.judge.judge_here`, the trusted setting, through the same plain data as the sandbox), and
+  as in the sandbox, this chapter's reference module and later ones cannot be imported meanwhile; every mutant
+  and variant; and the hidden parts alone after the learner's cells (`run_hidden_tests`, marked slow);
 - real `nbgrader autograde` (slow): one class folder, one grading run, the reference, the untouched
   notebook, the mutants in `NBGRADER_MUTANTS` and every variant; the tests every chapter shares
   (tests/submissions/grading.py).
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import nbformat
 import pytest
 
 from submissions import ROOT, apply_edits, learner_notebook, reference_sources
 from submissions import ch06_samplers as ch
-from submissions.grading import nbgrader_tests
+from submissions.grading import hidden_check_tests, nbgrader_tests
 
 CHAPTER = ch.CHAPTER
 TEST_CELLS = ["test_temperature", "test_filters", "test_penalties", "test_sample", "test_beam_search"]
@@ -46,10 +52,36 @@ def check_mutant(key: str, lost: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------- in-process
 
+@contextlib.contextmanager
+def as_in_the_sandbox():
+    """The reference modules of this chapter and later ones cannot be imported in the block (as in the grading
+    sandbox, `autograder.grade.blocked_modules`), and no verdict of an earlier notebook is remembered."""
+    from autograder.grade import blocked_modules
+    from autograder.judge import forget_here
+
+    forget_here()
+    blocked = {name: sys.modules.get(name) for name in blocked_modules(CHAPTER)}
+    sys.modules.update(dict.fromkeys(blocked))  # import raises ImportError
+    try:
+        yield
+    finally:
+        for name, module in blocked.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+        forget_here()
+
+
 def run_notebook(cells: dict[str, str] | None) -> dict[str, str]:
     """{grade_id: "ename: evalue"} of the test cells that fail when the instructor notebook's graded code runs
     with the learner's cells: `cells[grade_id]` where given, else the reference; `None`: as released, every
     solution cell a stub. Cells without a grade id (the closing demo) are left out."""
+    with as_in_the_sandbox():
+        return _run_notebook(cells)
+
+
+def _run_notebook(cells: dict[str, str] | None) -> dict[str, str]:
     notebook = nbformat.read(ROOT / "solutions" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     released = {c.metadata["nbgrader"]["grade_id"]: c.source
                 for c in learner_notebook(CHAPTER, None).cells if c.metadata.get("nbgrader", {}).get("solution")}
@@ -95,6 +127,11 @@ def test_in_process_different_correct_answer_passes(torch_one_thread, key):
 def test_the_mutants_graded_by_nbgrader_exist():
     assert set(ch.NBGRADER_MUTANTS) <= set(MUTANTS)
     assert len(ch.NBGRADER_MUTANTS) >= 6
+
+
+# The hidden parts alone, after the learner's cells (`submissions.run_hidden_tests`), every mutant and variant:
+# marked slow, as in the other chapters.
+globals().update(hidden_check_tests(ch))
 
 
 # ---------------------------------------------------------------- real nbgrader

@@ -8,7 +8,10 @@ the frequencies of the draws (chi-square), and every bad setting.
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -123,17 +126,44 @@ def test_presence_and_frequency_penalties_count_only_generated_tokens():
     assert same(got, want)
 
 
-@pytest.mark.parametrize("name", ["temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                  "presence_frequency", "no_repeat_ngram", "sample", "beam_search"])
-def test_hidden_checks_pass_the_reference(name):
+@pytest.mark.parametrize("grade_id, names", [
+    ("test_temperature", ["apply_temperature"]),
+    ("test_filters", ["top_k_filter", "top_p_filter", "min_p_filter"]),
+    ("test_penalties", ["apply_repetition_penalty", "apply_presence_frequency_penalty", "ban_repeated_ngrams"]),
+    ("test_sample", ["sample_from_logits"]),
+    ("test_beam_search", ["beam_search"]),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_hidden_checks_pass_the_reference(grade_id, names):
+    """The checks judge stand-ins of the learner's objects: they run as a hidden test cell runs them (the judge in
+    this process, through the same plain data)."""
     import minigpt.samplers as reference
-    functions = {"temperature": reference.apply_temperature, "top_k": reference.top_k_filter,
-                 "top_p": reference.top_p_filter, "min_p": reference.min_p_filter,
-                 "repetition_penalty": reference.apply_repetition_penalty,
-                 "presence_frequency": reference.apply_presence_frequency_penalty,
-                 "no_repeat_ngram": reference.ban_repeated_ngrams, "sample": reference.sample_from_logits,
-                 "beam_search": reference.beam_search}
-    getattr(checks, f"check_{name}")(functions[name])
+    from autograder.hidden import check
+    from autograder.judge import forget_here
+
+    forget_here()
+    check(grade_id, *[getattr(reference, name) for name in names])
+
+
+def test_the_learner_side_builds_the_beam_models_without_this_chapter():
+    """The helpers run in chapter 6's sandbox, where minigpt.samplers cannot be imported. The GPT they build holds
+    the weights of the judge's Hugging Face model, and a generator they make draws as one seeded here does."""
+    from autograder.grade import blocked_modules
+
+    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('06-samplers')!r}))\n"
+            "import torch\n"
+            "from autograder.helpers import make\n"
+            f"model = make('samplers.random_gpt', *{checks._beam_recipe('b')!r})\n"
+            "print(repr(model(torch.tensor([[1, 2, 3]]))[0, -1].tolist()))\n"
+            "print(repr(torch.randint(0, 1000, (5,), generator=make('samplers.generator', 6007)).tolist()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    logits, draws = out.stdout.splitlines()[-2:]
+    _, hf = checks._beam_models("b")
+    with torch.no_grad():
+        want = hf(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    assert torch.allclose(torch.tensor(eval(logits)), want, atol=1e-5)
+    assert eval(draws) == torch.randint(0, 1000, (5,), generator=torch.Generator().manual_seed(6007)).tolist()
 
 
 # ---------------------------------------------------------------- drawing a token

@@ -4,9 +4,15 @@ The oracles are external. Hugging Face's logits processors (`TemperatureLogitsWa
 `TopPLogitsWarper`, `MinPLogitsWarper`, `RepetitionPenaltyLogitsProcessor`, `NoRepeatNGramLogitsProcessor`)
 on random logits: batches, single rows, ties, entries already at -inf. The OpenAI presence and frequency
 penalties by their formula. `torch.multinomial` on the softmax for sampling, with a chi-square test of the
-frequencies. Hugging Face's `generate(num_beams=k)` on random GPT-2s saved to a temporary folder and loaded
-with the reference `GPT.from_pretrained` (chapter 4 is not what is graded here), with end-of-text ids that
-the model likes, so that some beams finish early.
+frequencies. Hugging Face's `generate(num_beams=k)` on random GPT-2s whose weights the learner's beam search
+reads in the course's reference `GPT` (chapter 4 is not what is graded here), with end-of-text ids that the
+model likes, so that some beams finish early.
+
+The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, on plain
+tensors sent there, and so do the objects they are given, built there from plain recipes
+(``autograder.helpers.samplers``: a generator from a seed, a GPT-2 from its shape and seed). The expected answers
+are computed here, from the same inputs and the same recipes. A sampler's draws are compared with the ones its
+generator's seed gives; the learner's global generator is seeded on its side (``learner_side(seed=...)``).
 
 The checks test what the code computes, never how: loops or vectorised code, `torch.where` or
 `masked_fill`, sorting up or down all pass. Top-p computed on descending probabilities can differ from
@@ -20,23 +26,30 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import tempfile
+import threading
 
 import torch
+# Here, not in the checks: transformers' lazy imports race in a judge's threads.
+from transformers import (GPT2Config, GPT2LMHeadModel, MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
+                          RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
-from coursekit.testing import call, fail, isolated, not_written, quiet_transformers, show
+from autograder.helpers import samplers as recipes
+from autograder.judge import Remote, cell, learner_side, make, seeded, type_of
+from coursekit.testing import call, describe_error, fail, not_written, quiet_transformers, show
 
 NEG_INF = float("-inf")
 ATOL = 1e-6
 RTOL = 1e-6
 MARGIN = 1e-4  # how far every running total (top-p) or probability (min-p) stays from the cut
+_GPT2 = (GPT2Config, GPT2LMHeadModel)  # what the beam models' recipe builds here: resolved at import (see above)
 
 
 @contextlib.contextmanager
 def _seeded(seed: int):
-    """Draw the check's random numbers from a seed of its own, leaving the learner's RNG as it was."""
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
+    """Draw the check's random numbers from a seed of its own: torch's global generator, held by this thread for
+    the block (``judge.seeded``: the judge runs several notebooks' checks at once) and given back after."""
+    with seeded(seed), torch.no_grad():
         yield
 
 
@@ -74,7 +87,7 @@ def _same(got, want: torch.Tensor) -> bool:
 def _difference(got: torch.Tensor, want: torch.Tensor, label: str) -> str:
     """The first place where ``got`` and ``want`` differ, in words (for a filter: the tokens kept)."""
     if not isinstance(got, torch.Tensor):
-        fail(f"{label} returned {type(got).__name__}; expected a tensor of logits of shape {tuple(want.shape)}")
+        fail(f"{label} returned {type_of(got)}; expected a tensor of logits of shape {tuple(want.shape)}")
     if got.shape != want.shape:
         fail(f"{label} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}",
              "return logits of the same shape as the input: (V,) for one row, (B, V) for a batch; work on the "
@@ -146,7 +159,9 @@ def _value_error(fn, args: tuple, label: str, hint: str):
     except ValueError:
         return
     except Exception as err:  # noqa: BLE001
-        fail(f"{label} raised {type(err).__name__}: {err}; expected ValueError", hint)
+        if getattr(err, "grader_side", False):  # a lost connection is not the learner's
+            raise
+        fail(f"{label} raised {describe_error(err)}; expected ValueError", hint)
     else:
         fail(f"{label} returned {_t(got) if isinstance(got, torch.Tensor) else show(got)}; expected ValueError", hint)
 
@@ -170,9 +185,9 @@ def _logits(shape, scale: float = 2.0, removed: float = 0.0, step: float = 0.0) 
 AFTER_SOFTMAX = ("you applied the temperature after the softmax: it divides the logits, before any softmax (and the "
                  "function returns logits, not probabilities)")
 
-@isolated()
+
+@cell("test_temperature")
 def check_temperature(apply_temperature):
-    from transformers import TemperatureLogitsWarper
     with _seeded(6001):
         batch, row, with_inf, large = _logits((4, 30), 3.0), _logits((50,)), _logits((3, 20), removed=0.3), \
             _logits((2, 12), 80.0)
@@ -210,9 +225,7 @@ def _keep_at_least(z: torch.Tensor, kth: torch.Tensor, strict: bool = False) -> 
     return z.masked_fill(z <= kth if strict else z < kth, NEG_INF)
 
 
-@isolated()
 def check_top_k(top_k_filter):
-    from transformers import TopKLogitsWarper
     with _seeded(6002):
         plain, row = _logits((5, 40), 2.5), _logits((60,), 3.0)
         ties = _logits((6, 30), 2.0, step=1.0)  # whole numbers: many logits equal the k-th
@@ -312,9 +325,7 @@ def _top_p_mistakes(z: torch.Tensor, p: float):
     ]
 
 
-@isolated()
 def check_top_p(top_p_filter):
-    from transformers import TopPLogitsWarper
     with _seeded(6003):
         pool = _logits((200, 40), 2.5)
         ties = _logits((200, 24), 1.5, step=0.5)
@@ -338,9 +349,7 @@ def _min_p_is_clear(row: torch.Tensor, p: float) -> bool:
     return p == 0.0 or bool((gap[q != q.max()] > MARGIN * q.max()).all())
 
 
-@isolated()
 def check_min_p(min_p_filter):
-    from transformers import MinPLogitsWarper
     with _seeded(6004):
         pool, row_pool = _logits((100, 40), 2.5), _logits((20, 70), 2.0)
         with_inf = _logits((100, 30), 2.0, removed=0.4)
@@ -365,6 +374,13 @@ def check_min_p(min_p_filter):
                              "amax(dim=-1, keepdim=True)", lambda: z.masked_fill(q < p * q.max(), NEG_INF)))
         _check(min_p_filter, (z, p), want, f"min_p_filter({_t(z)}, {p})", mistakes,
                "p = 0 removes nothing" if p == 0 else "")
+
+
+@cell("test_filters")
+def check_filters(top_k_filter, top_p_filter, min_p_filter):
+    check_top_k(top_k_filter)
+    check_top_p(top_p_filter)
+    check_min_p(min_p_filter)
 
 
 # ---------------------------------------------------------------- penalties
@@ -400,9 +416,7 @@ def _penalise_each_time(z, ids, f):
     return out
 
 
-@isolated()
 def check_repetition_penalty(apply_repetition_penalty):
-    from transformers import RepetitionPenaltyLogitsProcessor
     cases = [(z, ids, penalty) for z, ids in _rows_of_ids() for penalty in (1.3, 0.7, 2.0)]
     for z, ids, penalty in cases:
         want = _hf(RepetitionPenaltyLogitsProcessor(penalty), z, ids)
@@ -443,7 +457,6 @@ def _openai(z, ids, start, presence, frequency, flat=lambda c: (c > 0).double(),
     return (z.double() + sign * (presence * flat(c) + frequency * c)).to(z.dtype)
 
 
-@isolated()
 def check_presence_frequency(apply_presence_frequency_penalty):
     (z, ids), (one_z, one_ids), _ = _rows_of_ids()
     ids = ids.clone()
@@ -489,9 +502,7 @@ def _ngram_bans(z, ids, n, windows_end: int = 0, first_only: bool = False):
     return out
 
 
-@isolated()
 def check_no_repeat_ngram(ban_repeated_ngrams):
-    from transformers import NoRepeatNGramLogitsProcessor
     with _seeded(6006):
         z = _logits((3, 12))
     ids = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2],       # (1, 2) seen twice, followed by 3 and 4
@@ -520,6 +531,13 @@ def check_no_repeat_ngram(ban_repeated_ngrams):
                mistakes, note)
 
 
+@cell("test_penalties")
+def check_penalties(apply_repetition_penalty, apply_presence_frequency_penalty, ban_repeated_ngrams):
+    check_repetition_penalty(apply_repetition_penalty)
+    check_presence_frequency(apply_presence_frequency_penalty)
+    check_no_repeat_ngram(ban_repeated_ngrams)
+
+
 # ---------------------------------------------------------------- sampling
 
 SAMPLE_DRAWS = 20_000
@@ -540,13 +558,15 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, float]:
 
 
 def _draw(sample_from_logits, logits, seed, label):
-    got = _call(sample_from_logits, logits, torch.Generator().manual_seed(seed), label=label,
+    """The learner's draws with a generator seeded with ``seed`` (``torch.Generator().manual_seed(seed)``, made on
+    the learner's side), checked to be one id per row."""
+    got = _call(sample_from_logits, logits, make("samplers.generator", seed), label=label,
                 on_error="torch.multinomial needs non-negative weights with a positive sum in every row: draw "
                          "from softmax(logits, dim=-1), along the last dimension, not from the logits (which can "
                          "be negative or -inf)")
     rows = logits.shape[0]
     if not isinstance(got, torch.Tensor):
-        fail(f"{label} returned {type(got).__name__}; expected a tensor of {rows} token ids, one per row")
+        fail(f"{label} returned {type_of(got)}; expected a tensor of {rows} token ids, one per row")
     if got.shape == (rows, 1):
         fail(f"{label} returned shape {tuple(got.shape)}; expected ({rows},), one id per row",
              "torch.multinomial(probs, 1) gives shape (B, 1): squeeze the last dimension")
@@ -559,17 +579,16 @@ def _draw(sample_from_logits, logits, seed, label):
     return got
 
 
-@isolated()
+@cell("test_sample")
 def check_sample(sample_from_logits):
     logits = torch.tensor([1.2, -0.4, NEG_INF, 0.3, 2.0, -1.5, 0.9, NEG_INF, 0.0, -0.8])
     probs = logits.double().softmax(-1)
     batch = logits.expand(SAMPLE_DRAWS, -1).clone()
     shown = show([round(x, 2) for x in logits.tolist()])
     label = f"sample_from_logits(<{SAMPLE_DRAWS} copies of the logits {shown}>, generator)"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
+    with learner_side(seed=1):  # the learner's global generator, seeded just before the call
         first = _draw(sample_from_logits, batch, 6007, label)
-        torch.manual_seed(2)
+    with learner_side(seed=2):
         again = _draw(sample_from_logits, batch, 6007, label)
     if not torch.equal(first, again):
         fail(f"{label} gave other tokens with a generator seeded the same way, after a change of the global seed",
@@ -608,7 +627,7 @@ def check_sample(sample_from_logits):
              "your draws follow the right distribution but are not the ones torch.multinomial makes: use "
              "torch.multinomial(probs, num_samples=1, generator=generator), so that a seed gives the same tokens "
              "as Hugging Face's generate")
-    with torch.random.fork_rng(devices=[]):
+    with learner_side(seed=6010):
         unseeded = _call(sample_from_logits, rows, None, label="sample_from_logits(<logits of shape (150, 10)>, None)")
     if not isinstance(unseeded, torch.Tensor) or unseeded.shape != (rows.shape[0],):
         fail(f"sample_from_logits({_t(rows)}, None) returned {show(unseeded)}; without a generator, draw with "
@@ -627,25 +646,41 @@ BEAM_MODELS = {
 WEIGHT_STD = 0.4
 
 
-@functools.cache
-def _beam_models(name: str):
-    """(the reference GPT loaded from a Hugging Face checkpoint, that Hugging Face model)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+_ORACLE = threading.RLock()
 
-    from minigpt.transformer import GPT
-    vocab, block, layers, heads, width, seed = BEAM_MODELS[name]
-    config = GPT2Config(vocab_size=vocab, n_positions=block, n_layer=layers, n_head=heads, n_embd=width,
-                        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        bos_token_id=None, eos_token_id=None, tie_word_embeddings=True)
-    with _seeded(seed), quiet_transformers():
-        hf = GPT2LMHeadModel(config).eval()
-        for p in hf.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, WEIGHT_STD)
-        with tempfile.TemporaryDirectory() as folder:
-            hf.save_pretrained(folder)
-            model = GPT.from_pretrained(folder)
+
+def _once(fn):
+    """``fn`` computed once for each argument, by one thread at a time (the judge runs notebooks in threads)."""
+    cached = functools.cache(fn)
+
+    @functools.wraps(fn)
+    def once(*args):
+        with _ORACLE:
+            return cached(*args)
+
+    return once
+
+
+def _beam_recipe(name: str) -> tuple:
+    """The plain recipe of the random GPT-2 ``name``: ``recipes.random_gpt(*recipe)`` builds it."""
+    return (*BEAM_MODELS[name], WEIGHT_STD)
+
+
+@_once
+def _beam_models(name: str):
+    """(the reference GPT holding the weights of the random GPT-2 ``name``, that Hugging Face model): the GPT is
+    what the learner's side builds from the same recipe (``_beam_model``); here it runs the known mistakes."""
+    recipe = _beam_recipe(name)
+    seed = recipe[5]
+    with _seeded(seed):  # the recipes draw from torch's global generator: held by this thread meanwhile
+        hf = recipes.random_gpt2(*recipe)
+        model = recipes.random_gpt(*recipe)
     return model, hf
+
+
+def _beam_model(name: str) -> Remote:
+    """The random GPT-2 ``name`` in the course's reference GPT, on the learner's side."""
+    return make("samplers.random_gpt", *_beam_recipe(name))
 
 
 def _hf_beams(hf, prompt, max_new_tokens, num_beams, length_penalty=1.0, eos_ids=(), hypotheses=1):
@@ -663,7 +698,7 @@ def _hf_beams(hf, prompt, max_new_tokens, num_beams, length_penalty=1.0, eos_ids
     return seqs
 
 
-@functools.cache
+@_once
 def _liked_tokens(model_name: str, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
     """Tokens the model writes most after ``prompt`` (in 4 beams, no end-of-text), most frequent first: as
     end-of-text ids they make some beams finish early."""
@@ -692,7 +727,7 @@ BEAM_CASES = [
 ]
 
 
-@functools.cache
+@_once
 def beam_case(case):
     """The arguments of a case and Hugging Face's answer: (model, prompt, n, beams, length_penalty, eos, want)."""
     name, prompt, n, beams, lp, ranks = case
@@ -770,13 +805,16 @@ def _beam_label(prompt, n, beams, lp, eos) -> str:
             f"eos_ids={eos})")
 
 
-@isolated()
+@cell("test_beam_search")
 def check_beam_search(beam_search):
     answers = []
+    models: dict[str, Remote] = {}  # built on the learner's side once per test
     for case in BEAM_CASES:
-        model, prompt, n, beams, lp, eos, want = beam_case(case)
+        _, prompt, n, beams, lp, eos, want = beam_case(case)
+        if case[0] not in models:
+            models[case[0]] = _beam_model(case[0])
         label = _beam_label(prompt, n, beams, lp, eos)
-        got = _call(beam_search, model, list(prompt), n, beams, lp, list(eos), label=label)
+        got = _call(beam_search, models[case[0]], list(prompt), n, beams, lp, list(eos), label=label)
         if isinstance(got, torch.Tensor):
             fail(f"{label} returned a tensor; return a list of int ids")
         if not isinstance(got, (list, tuple)) or not all(isinstance(t, int) for t in got):
@@ -808,7 +846,7 @@ def _beam_hint(got, want, prompt, eos, answers) -> str:
     return why
 
 
-@functools.cache
+@_once
 def _mistake_gives(case, mistake):
     model, prompt, n, beams, lp, eos, _ = beam_case(case)
     with torch.no_grad():

@@ -1,0 +1,51 @@
+"""Helpers of chapter 6 (samplers), built next to the learner's code from plain recipes: a seeded random generator
+to hand to a sampler, and a small random GPT-2 for beam search. No answers here: the judge computes those (Hugging
+Face's processors and ``generate`` on the same recipe, ``torch.multinomial`` with a generator of the same seed).
+
+This runs where ``minigpt.samplers`` and later chapters cannot be imported: torch, transformers (the notebook's own
+tests import it already), the course's reference of chapter 4 (``minigpt.transformer``) and the learner's objects.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["generator", "random_gpt"]
+
+
+def generator(seed: int) -> torch.Generator:
+    """A CPU generator seeded with ``seed``, as a learner's sampler is given one."""
+    return torch.Generator().manual_seed(seed)
+
+
+def random_gpt2(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
+                weight_std: float):
+    """Hugging Face's ``GPT2LMHeadModel`` of this shape, built with torch's generator seeded by ``seed``, every
+    matrix then redrawn from N(0, weight_std) (peaked next-token distributions, as a trained model's are); biases
+    0, LayerNorms at 1 and 0. Uses torch's global generator (forked: given back as it was)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from coursekit.testing import quiet_transformers
+
+    config = GPT2Config(vocab_size=vocab_size, n_positions=block_size, n_layer=n_layer, n_head=n_head,
+                        n_embd=n_embd, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), quiet_transformers():
+        torch.manual_seed(seed)
+        hf = GPT2LMHeadModel(config).eval()
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, weight_std)
+    return hf
+
+
+def random_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
+               weight_std: float):
+    """The course's reference GPT (chapter 4) holding the weights of ``random_gpt2(...)``, in eval mode."""
+    from minigpt.transformer import GPT, GPTConfig, state_dict_from_hf
+
+    hf = random_gpt2(vocab_size, block_size, n_layer, n_head, n_embd, seed, weight_std)
+    with torch.random.fork_rng(devices=[]):  # GPT's own initializer draws before the weights are loaded
+        model = GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                              n_embd=n_embd))
+    model.load_state_dict(state_dict_from_hf(hf.state_dict()))
+    return model.eval()
