@@ -772,6 +772,34 @@ def error_message(cell: dict) -> str:
     return message if len(message) <= MESSAGE_MAX_CHARS else message[: MESSAGE_MAX_CHARS - 3] + "..."
 
 
+_CELL_FRAME = re.compile(r"^Cell In\[(\d+)\], line (\d+)$", re.M)
+_ARROW_LINE = re.compile(r"^-+> *(\d+) ?(.*)$", re.M)
+
+
+def error_place(out: dict, nb: nbformat.NotebookNode) -> str:
+    """Where in the notebook a kernel's error was raised, from its traceback: ' (cell tokenizer, line 7:
+    `code`)' for the innermost frame in a cell (IPython's "Cell In[12], line 7", the cell run as the 12th), or ''."""
+    text = ANSI_ESCAPE.sub("", "\n".join(line for line in out.get("traceback", []) if isinstance(line, str)))
+    frames = list(_CELL_FRAME.finditer(text))
+    if not frames:
+        return ""
+    last = frames[-1]
+    count, line = int(last.group(1)), int(last.group(2))
+    index = next((i for i, c in enumerate(nb.cells) if c.get("execution_count") == count), None)
+    if index is None:
+        return ""
+    code = next((m.group(2).strip() for m in _ARROW_LINE.finditer(text, last.end()) if int(m.group(1)) == line), "")
+    name = cell_name(nb, index)
+    place = f"{name if name.startswith(('the cell', 'a cell')) else 'cell ' + name}, line {line}"
+    return f" ({place}: `{code[:120]}`)" if code else f" ({place})"
+
+
+def _located(cell: dict, nb: nbformat.NotebookNode) -> str:
+    """error_message, with the place of the error when the kernel raised it (not when the judge reported it)."""
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    return error_message(cell) + (error_place(errors[-1], nb) if errors else "")
+
+
 def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
     """Score from the gradebook; messages from the error outputs of the autograded notebook."""
     submission = gb.find_submission(chapter, student)
@@ -786,7 +814,7 @@ def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
         elif grade.needs_manual_grade:
             message = "needs manual grading"
         elif grade.score < grade.max_score:
-            message = error_message(cell_of[grade.name])
+            message = _located(cell_of[grade.name], notebook)
         else:
             continue
         lost.append(LostPoints(grade.name, grade.score, grade.max_score, message))
@@ -795,7 +823,7 @@ def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and not meta.get("grade") and any(
                 o.get("output_type") == "error" for o in cell.get("outputs", [])):
-            own.append(f"{cell_name(notebook, i)}: {error_message(cell)}")
+            own.append(f"{cell_name(notebook, i)}: {_located(cell, notebook)}")
     return Result(student, chapter, "graded", submission.score, submission.max_score, lost,
                   needs_manual_grade=submission.needs_manual_grade, cell_errors=own[:5])
 
@@ -862,6 +890,22 @@ def learner_page(student: str, results: list[Result], root: Path) -> str:
         f"<h1>Feedback for {e(student)}</h1><table><tr><th>chapter</th><th>score</th><th>status</th></tr>"
         + "".join(rows) + "</table>" + "".join(details) + "</body></html>\n"
     )
+
+
+def workspace_results(ws: Workspace, current: list[Result]) -> list[Result]:
+    """Every result the workspace holds, whichever run graded it, with this run's rows in place of older ones (a
+    missing chapter has no record): the reports of a class, however it was graded, chapter by chapter."""
+    rows: dict[tuple[str, str], Result] = {}
+    for path in ws.root.glob("results/*/*.json"):
+        try:
+            r = Result.from_dict(json.loads(path.read_text())["result"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        fb = feedback_path(ws.root, r.student, r.chapter)
+        r.feedback = str(fb) if r.status == "graded" and fb.is_file() else None
+        rows[r.student, r.chapter] = r
+    rows.update({(r.student, r.chapter): r for r in current})
+    return [rows[key] for key in sorted(rows)]
 
 
 def write_reports(ws: Workspace, results: list[Result]) -> Path:
@@ -1033,7 +1077,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     for r in ordered:
         fb = feedback_path(ws.root, r.student, r.chapter)
         r.feedback = str(fb) if r.status == "graded" and fb.is_file() else None
-    write_reports(ws, ordered)
+    write_reports(ws, workspace_results(ws, ordered))
     return ordered
 
 

@@ -496,3 +496,30 @@ def test_plain_nbgrader_grades_in_the_trusted_setting(tmp_path):
     wrong = nbformat.read(root / "autograded" / "wrong" / "01-tokens" / "01-tokens.ipynb", as_version=4)
     messages = [o.get("evalue", "") for c in wrong.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert any("returned [b'ab', b'c'], expected [b'a', b'bc']" in m for m in messages), messages
+
+
+@pytest.mark.slow
+def test_reports_hold_every_result_of_the_workspace(course, solution_run, class_run):
+    """The loose notebook graded first and the class graded after it share the workspace: grades.csv and the
+    learners' pages hold both, whatever the last run graded."""
+    import csv
+
+    rows = list(csv.DictReader((course / ".grading" / "grades.csv").open()))
+    assert sorted(r["student"] for r in rows) == ["ada", "ben", "cy", "dee", "you"]
+    page = (course / ".grading" / "feedback" / "you" / "index.html").read_text()
+    assert CHAPTER in page and "3 / 3" in page
+
+
+def test_review_notes_flag_nothing_in_right_answers():
+    """No false alarms: the reference answers and every different-but-correct answer of every chapter get no
+    review note (the notes point an instructor at code that reaches for the grader)."""
+    import importlib
+
+    from submissions import apply_edits, learner_notebook
+
+    for ch in grade.graded_chapters(ROOT):
+        module = importlib.import_module(f"submissions.ch{ch[:2]}_{ch[3:].replace('-', '_')}")
+        released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in learner_notebook(ch, None).cells
+                    if "nbgrader" in c.metadata}
+        for key, cells in [("reference", {})] + [(v.key, apply_edits(ch, v.edits, v.cells)) for v in module.VARIANTS]:
+            assert grade.review_notes(learner_notebook(ch, cells), released) == [], (ch, key)
