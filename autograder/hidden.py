@@ -42,19 +42,21 @@ def check(grade_id: str, *objects) -> None:
 
 @contextlib.contextmanager
 def untouched():
-    """Give back the learner's random state and torch's thread count, whatever the block does."""
+    """Give back the learner's random state and torch's thread count, whatever the block does (torch's only if the
+    notebook has imported torch: a chapter without it does not pay for importing it here)."""
     state = random.getstate()
     np = sys.modules.get("numpy")
     np_state = np.random.get_state() if np is not None else None
-    import torch
-
-    threads = torch.get_num_threads()
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.set_num_threads(1)  # the course's tensors are small: a second thread only waits
+        with torch.random.fork_rng(devices=[]) if torch is not None else contextlib.nullcontext():
+            if torch is not None:
+                torch.set_num_threads(1)  # the course's tensors are small: a second thread only waits
             yield
     finally:
-        torch.set_num_threads(threads)
+        if torch is not None:
+            torch.set_num_threads(threads)
         random.setstate(state)
         if np_state is not None:
             np.random.set_state(np_state)
@@ -201,15 +203,17 @@ def _options(options: dict):
     """What the judge asks to hold while a request runs: ``seed`` (torch's generator seeded just before, so that
     a sampler's draws can be compared), ``no_grad``, ``forbid`` (functions that raise if the learner's code
     calls them, e.g. ["torch.softmax"] to tell whether a softmax was written or borrowed)."""
-    import torch
-
     with contextlib.ExitStack() as stack:
         if options.get("no_grad"):
+            import torch
+
             stack.enter_context(torch.no_grad())
         for dotted in options.get("forbid", []):
             stack.enter_context(_forbidden(dotted))
         seed = options.get("seed")
         if isinstance(seed, int) and not isinstance(seed, bool):
+            import torch
+
             torch.manual_seed(seed)
             random.seed(seed)
         yield
