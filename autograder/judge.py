@@ -392,6 +392,20 @@ def earlier(grade_id: str) -> Verdict | None:
     return (_current().verdicts or {}).get(grade_id)
 
 
+def because_of(**uses: str) -> str:
+    """A note for a failure of code that calls the learner's functions of earlier test cells: which of them fail
+    their own tests, so the learner fixes that first. ``because_of(softmax="test_softmax")`` gives "it uses your
+    softmax, which fails its own test (test_softmax): fix that first", or "" when they pass (or did not run)."""
+    broken = [(name, cell) for name, cell in uses.items()
+              if (v := earlier(cell)) is not None and v.status == "failed"]
+    if not broken:
+        return ""
+    names = " and ".join(name for name, _ in broken)
+    cells = ", ".join(cell for _, cell in broken)
+    verb = "fails its own test" if len(broken) == 1 else "fail their own tests"
+    return f"it uses your {names}, which {verb} ({cells}): fix that first, this may be the same mistake"
+
+
 def judge(session: Session, grade_id: str, objects: list, verdicts: dict[str, Verdict]) -> Verdict:
     """Run the checks of ``grade_id`` on the stand-ins ``objects``: the verdict, never an exception."""
     from coursekit.testing import describe_error

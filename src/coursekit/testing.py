@@ -24,9 +24,14 @@ _short.maxlevel = 3
 
 
 def show(value) -> str:
-    """A repr short enough for one line of feedback."""
+    """A repr short enough for one line of feedback; a tensor by its dtype and shape (and values, when few)."""
     if isinstance(value, dict) and len(value) > _short.maxdict:
         return f"<dict of {len(value)} entries>"  # reprlib would sort all of them first: slow on 50,000 ranks
+    if type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        shape = tuple(value.shape)
+        if value.numel() <= 6 and value.dim() <= 2:
+            return f"tensor({_short.repr(value.tolist())}, dtype={str(value.dtype).removeprefix('torch.')})"
+        return f"<{str(value.dtype).removeprefix('torch.')} tensor of shape {shape}>"
     return _short.repr(value)
 
 
@@ -156,6 +161,31 @@ def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs) -
     if got != want:
         label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
         fail(f"{label} returned {show(got)}, expected {show(want)}", hint)
+
+
+def expect_close(fn, *args, want, atol: float = 1e-5, rtol: float = 1e-5, hint: str = "", name: str | None = None,
+                 **kwargs) -> None:
+    """Check that ``fn(*args, **kwargs)`` is a tensor of ``want``'s shape and dtype, equal to it within
+    ``atol + rtol * |want|`` everywhere; on failure say where it differs most, by how much, and the hint."""
+    import torch
+
+    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+    got = call(fn, *args, name=name, **kwargs)
+    if not isinstance(got, torch.Tensor):
+        fail(f"{label} returned {show(got)}, expected a tensor of shape {tuple(want.shape)}", hint)
+    if tuple(got.shape) != tuple(want.shape):
+        fail(f"{label} returned a tensor of shape {tuple(got.shape)}, expected {tuple(want.shape)}", hint)
+    if got.dtype != want.dtype:
+        fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} tensor, expected "
+             f"{str(want.dtype).removeprefix('torch.')}", hint or "keep the input's dtype")
+    got64, want64 = got.detach().double(), want.detach().double()
+    bad = ~torch.isclose(got64, want64, atol=atol, rtol=rtol, equal_nan=True)
+    if bad.any():
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        at = f" at index {where}" if where else ""
+        fail(f"{label} differs from the expected values{at}: got {got64[where].item():.6g}, expected "
+             f"{want64[where].item():.6g} ({int(bad.sum())} of {bad.numel()} values differ by more than "
+             f"{atol:g} + {rtol:g} * |expected|)", hint)
 
 
 def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: str | None = None, **kwargs):
