@@ -6,16 +6,23 @@ values ``eye(T_k)``) and ``torch.nn.functional.multi_head_attention_forward`` fo
 are drawn from fixed seeds, in shapes the visible tests do not use: one position, fewer queries than keys,
 head sizes that are not powers of two, several batch and head dimensions, float64. When an answer is wrong,
 the message names the first thing that is wrong and, for the known mistakes, what the mistake is.
+
+The learner's functions and class are stand-ins (``autograder.judge.Remote``): they run where the notebook runs,
+on tensors sent there as plain data, and what comes back is plain tensors. A layer's weights are drawn here and
+sent into it (``load_state_dict``), so the oracle uses the very same numbers. Whether a call changed its inputs in
+place is seen where the inputs are (``autograder.helpers.attention``); torch's softmax is taken away there while
+the learner's softmax runs (``learner_side(forbid=...)``); and a mistake of a function that another one uses is
+named from the verdicts of the notebook's earlier test cells (``earlier``).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, expect_raises, fail, isolated
+from autograder.judge import LearnerError, ask, cell, earlier, is_instance, learner_side, type_of
+from coursekit.testing import call, describe_error, describe_where, expect_raises, fail, not_written, show
 
 ATOL = 1e-5
 
@@ -35,14 +42,14 @@ def _close(got, want, atol: float = ATOL) -> bool:
 
 
 def _shape(t) -> str:
-    return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+    return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else f"a {type_of(t)}"
 
 
 def _tensor(name: str, got, want: torch.Tensor, what: str = "") -> torch.Tensor:
     """Check that a learner's result is a tensor of the right shape (and dtype, for bool and float64)."""
     label = f"{name}{what}"
     if not isinstance(got, torch.Tensor):
-        fail(f"{label} returned {type(got).__name__}, expected a torch.Tensor of shape {tuple(want.shape)}")
+        fail(f"{label} returned {type_of(got)}, expected a torch.Tensor of shape {tuple(want.shape)}")
     if got.shape != want.shape:
         fail(f"{label} returned {_shape(got)}, expected shape {tuple(want.shape)}")
     if got.dtype != want.dtype and (want.dtype in (torch.bool, torch.float64) or got.dtype == torch.bool):
@@ -76,7 +83,7 @@ def _mask_label(t_q, t_k) -> str:
     return f"causal_mask({t_q})" if t_k is None else f"causal_mask({t_q}, {t_k})"
 
 
-@isolated()
+@cell("test_causal_mask")
 def check_causal_mask(causal_mask):
     for t_q, t_k_arg in MASK_CASES:
         t_k = t_q if t_k_arg is None else t_k_arg
@@ -164,30 +171,39 @@ def _softmax_cases():
     ]
 
 
-@contextlib.contextmanager
-def _without_torch_softmax():
-    """While the learner's softmax runs, torch's softmax says that it is off limits."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("softmax must be written without torch.softmax / F.softmax / Tensor.softmax: "
-                             "compute it from exp and sum")
-    saved = torch.softmax, F.softmax, torch.Tensor.softmax
-    torch.softmax = F.softmax = torch.Tensor.softmax = refuse
+# While the learner's softmax runs, torch's softmax is off limits where it runs: these raise there.
+TORCH_SOFTMAX = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax"]
+NO_TORCH_SOFTMAX = ("softmax must be written without torch.softmax / F.softmax / Tensor.softmax: compute it from exp "
+                    "and sum")
+
+
+def _run(fn, args: tuple, kwargs: dict, label: str, forbid: list[str] | None = None):
+    """``fn(*args, **kwargs)`` on the learner's side, where the inputs are: ``(what came back, [whether it changed
+    args[i] in place])``. With ``forbid``, those functions raise there while it runs; a call of one is named."""
     try:
-        yield
-    finally:
-        torch.softmax, F.softmax, torch.Tensor.softmax = saved
+        with learner_side(**({"forbid": forbid} if forbid else {})):
+            answer = ask("attention.run", fn, *args, **kwargs)
+    except LearnerError as err:
+        if forbid and err.type_name == "autograder.hidden.Forbidden":
+            used = str(err).removesuffix(" is not available here")
+            fail(f"{label} called {used}{describe_where(err.where, err.cell_name)}", NO_TORCH_SOFTMAX)
+        if isinstance(err, NotImplementedError):
+            raise not_written(label, err) from None
+        raise AssertionError(f"{label} raised {describe_error(err)}") from None  # as coursekit's call says it
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], list)
+            and len(answer[1]) == len(args)):
+        fail(f"{label}: the notebook's side answered {show(answer)}, not what the grader asked for")
+    return answer
 
 
-@isolated()
+@cell("test_softmax")
 def check_softmax(softmax):
     for x, dim in _softmax_cases():
         d = -1 if dim is None else dim
         label = f"softmax({_describe(x)})" if dim is None else f"softmax({_describe(x)}, dim={dim})"
         want = torch.softmax(x, dim=d)
-        before = x.clone()
-        with _without_torch_softmax():
-            got = call(softmax, x, label=label) if dim is None else call(softmax, x, dim=dim, label=label)
-        if not torch.equal(x, before):
+        got, changed = _run(softmax, (x,), {} if dim is None else {"dim": dim}, label, forbid=TORCH_SOFTMAX)
+        if changed[0]:
             fail(f"{label} changed its input in place", "compute new tensors (x - m, not x -= m): the caller "
                  "still needs its scores")
         _tensor(label, got, want)
@@ -301,14 +317,13 @@ def _attention_label(q, k, v, mask, what) -> str:
     return f"attention({shapes}, mask={'None' if mask is None else tuple(mask.shape)}) [{what}]"
 
 
-@isolated()
+@cell("test_attention")
 def check_attention(attention):
     for q, k, v, mask, what in _attention_cases():
         label = _attention_label(q, k, v, mask, what)
         want_out, want_w = _oracle_attention(q, k, v, mask)
-        inputs = [t.clone() for t in (q, k, v)]
-        got = call(attention, q, k, v, mask, label=label)
-        if not all(torch.equal(t, before) for t, before in zip((q, k, v), inputs)):
+        got, changed = _run(attention, (q, k, v, mask), {}, label)
+        if any(changed[:3]):
             fail(f"{label} changed q, k or v in place", "compute new tensors (q / s, not q /= s): the caller "
                  "still needs its queries, keys and values")
         if not (isinstance(got, tuple) and len(got) == 2):
@@ -317,14 +332,14 @@ def check_attention(attention):
         _tensor(label, weights, want_w, ": the weights")
         if not _close(weights, want_w):
             fail(f"{label}: the weights differ from scaled_dot_product_attention's by {_max_diff(weights, want_w)}",
-                 _attention_mistake(attention, q, k, mask, weights))
+                 _attention_mistake(q, k, mask, weights))
         _tensor(label, out, want_out, ": the output")
         if not _close(out, want_out):
             fail(f"{label}: the output differs from scaled_dot_product_attention's by {_max_diff(out, want_out)}",
                  "the weights are right: the output is weights @ v")
 
 
-def _attention_mistake(attention, q, k, mask, weights) -> str:
+def _attention_mistake(q, k, mask, weights) -> str:
     d = q.shape[-1]
     raw = q @ k.transpose(-2, -1)
     scaled = raw / math.sqrt(d)
@@ -363,7 +378,7 @@ def _attention_mistake(attention, q, k, mask, weights) -> str:
                 return hint
         except RuntimeError:
             continue
-    broken = _broken_helpers(attention, ("softmax",))
+    broken = _broken_helpers("attention", ("softmax",))
     if broken:
         return broken
     if mask is not None and isinstance(weights, torch.Tensor) and weights.shape[-2:] == mask.shape[-2:]:
@@ -382,17 +397,34 @@ NO_PEEKING_AFTER = (0, 2, 4, 7)  # positions t: changing the input after t must 
 LAYER_HELPERS = ("causal_mask", "softmax", "attention")  # what forward calls
 
 
+LAYERS_HINT = "keep the layers that __init__ makes: chapter 4 loads GPT-2's weights into them"
+
+
 def _layer(CausalSelfAttention, n_embd, n_head, seed, dtype=torch.float32):
-    layer = call(CausalSelfAttention, n_embd, n_head, label=f"CausalSelfAttention({n_embd}, {n_head})")
-    for name in ("c_attn", "c_proj"):
-        if not isinstance(getattr(layer, name, None), torch.nn.Linear):
-            fail(f"CausalSelfAttention({n_embd}, {n_head}) has no nn.Linear `{name}`",
-                 "keep the layers that __init__ makes: chapter 4 loads GPT-2's weights into them")
+    """The learner's layer with weights from a fixed seed, whatever its own initialisation, in ``dtype`` and in eval
+    mode: ``(layer, its weights {name: tensor})``, the weights as sent into it."""
+    name = f"CausalSelfAttention({n_embd}, {n_head})"
+    layer = call(CausalSelfAttention, n_embd, n_head, label=name)
+    for part in ("c_attn", "c_proj"):
+        if not is_instance(getattr(layer, part, None), "torch.nn.Linear"):
+            fail(f"{name} has no nn.Linear `{part}`", LAYERS_HINT)
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # weights from a fixed seed, whatever the layer's own initialisation
-        for p in (layer.c_attn.weight, layer.c_attn.bias, layer.c_proj.weight, layer.c_proj.bias):
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
-    return layer.to(dtype).eval()
+    C = n_embd
+    shapes = {"c_attn.weight": (3 * C, C), "c_attn.bias": (3 * C,), "c_proj.weight": (C, C), "c_proj.bias": (C,)}
+    weights = {key: (torch.randn(shape, generator=g, dtype=torch.float64) * 0.5).float()
+               for key, shape in shapes.items()}
+    try:  # sent into the learner's layer; its own load_state_dict copies them in
+        result = layer.load_state_dict(weights, strict=False)
+    except LearnerError as err:
+        fail(f"the check's weights do not load into {name}: {describe_error(err)}", LAYERS_HINT)
+    unexpected = getattr(result, "unexpected_keys", None)
+    if not isinstance(unexpected, list):
+        fail(f"{name}.load_state_dict returned {show(result)}, not torch's missing and unexpected keys", LAYERS_HINT)
+    if unexpected:
+        fail(f"{name} has no parameter named {', '.join(map(str, unexpected))}", LAYERS_HINT)
+    layer = call(layer.to, dtype, label=f"{name}.to({dtype})")
+    call(layer.eval, label=f"{name}.eval()")
+    return layer, {key: w.to(dtype) for key, w in weights.items()}
 
 
 def _oracle_split(x, n_head):
@@ -400,37 +432,40 @@ def _oracle_split(x, n_head):
     return x.unflatten(-1, (n_head, C // n_head)).transpose(1, 2)  # head h holds channels h*D .. (h+1)*D - 1
 
 
-def _oracle_layer(layer, x, n_head):
-    """torch's multi-head attention with the layer's weights: c_attn is its in-projection, c_proj its out."""
+def _oracle_layer(w, x, n_head):
+    """torch's multi-head attention with the layer's weights ``w``: c_attn is its in-projection, c_proj its out."""
     T, C = x.shape[1], x.shape[2]
-    x_tbc = x.transpose(0, 1)  # (T, B, C), the layout multi_head_attention_forward takes
+    # (T, B, C), the layout multi_head_attention_forward takes. Contiguous, so that torch computes the in-projection
+    # as one matrix product over all positions, as the layer's c_attn does: on a transposed view of plain tensors
+    # it goes position by position, which rounds differently (by up to 1.5e-5 here, more than ATOL).
+    x_tbc = x.transpose(0, 1).contiguous()
     y, _ = F.multi_head_attention_forward(
-        x_tbc, x_tbc, x_tbc, C, n_head, layer.c_attn.weight, layer.c_attn.bias, None, None, False, 0.0,
-        layer.c_proj.weight, layer.c_proj.bias, training=False, need_weights=False,
+        x_tbc, x_tbc, x_tbc, C, n_head, w["c_attn.weight"], w["c_attn.bias"], None, None, False, 0.0,
+        w["c_proj.weight"], w["c_proj.bias"], training=False, need_weights=False,
         attn_mask=~_oracle_mask(T, T))  # True = hidden, for torch
     return y.transpose(0, 1)
 
 
-@isolated()
+@cell("test_causal_self_attention")
 def check_causal_self_attention(CausalSelfAttention):
     for n, (C, H, B, T) in enumerate(LAYER_CASES):
-        layer = _layer(CausalSelfAttention, C, H, seed=70 + n)
+        layer, w = _layer(CausalSelfAttention, C, H, seed=70 + n)
         x = _randn(B, T, C, seed=80 + n)
         _check_split_merge(layer, x, C, H)
-        with torch.no_grad():
+        with torch.no_grad(), learner_side(no_grad=True):
             y = call(layer, x, label=f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}")
             _tensor(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}", y, x)
             _check_no_peeking(layer, x, y, C, H, seed=90 + n)
-            want = _oracle_layer(layer, x, H)
+            want = _oracle_layer(w, x, H)
             if not _close(y, want):
                 fail(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}: the output differs from "
-                     f"torch's multi-head attention by {_max_diff(y, want)}", _layer_mistake(layer, x, y, H))
+                     f"torch's multi-head attention by {_max_diff(y, want)}", _layer_mistake(w, x, y, H))
     # float64 through and through: the mask and the scale must not force float32.
-    layer = _layer(CausalSelfAttention, 12, 3, seed=99, dtype=torch.float64)
+    layer, w = _layer(CausalSelfAttention, 12, 3, seed=99, dtype=torch.float64)
     x = _randn(2, 5, 12, seed=100, dtype=torch.float64)
-    with torch.no_grad():
+    with torch.no_grad(), learner_side(no_grad=True):
         y = call(layer, x, label="CausalSelfAttention(12, 3).double() on float64 x")
-        want = _oracle_layer(layer, x, 3)
+        want = _oracle_layer(w, x, 3)
     _tensor("CausalSelfAttention(12, 3).double() on float64 x", y, want)
     if not _close(y, want, atol=1e-9):
         fail(f"CausalSelfAttention(12, 3).double() on float64 x: the output differs from torch's by "
@@ -477,13 +512,16 @@ def _check_no_peeking(layer, x, y, C, H, seed):
             p = int(changed.nonzero()[0])
             fail(f"CausalSelfAttention({C}, {H}) peeks ahead: changing the inputs after position {t} changed "
                  f"the output at position {p}",
-                 _broken_helpers(type(layer).forward, LAYER_HELPERS)
+                 _broken_helpers("forward", LAYER_HELPERS)
                  or "position p may only read positions 0 .. p: pass the causal mask to attention")
 
 
-def _layer_mistake(layer, x, y, H) -> str:
+def _layer_mistake(w, x, y, H) -> str:
+    """``w``: the layer's weights, {name: tensor}; its c_attn and c_proj are nn.Linear layers holding them."""
     B, T, C = x.shape
-    q, k, v = layer.c_attn(x).split(C, dim=2)
+    c_attn = lambda t: F.linear(t, w["c_attn.weight"], w["c_attn.bias"])  # noqa: E731
+    c_proj = lambda t: F.linear(t, w["c_proj.weight"], w["c_proj.bias"])  # noqa: E731
+    q, k, v = c_attn(x).split(C, dim=2)
     mask = _oracle_mask(T, T)
 
     def heads_out(q, k, v, split=_oracle_split):
@@ -496,15 +534,15 @@ def _layer_mistake(layer, x, y, H) -> str:
     candidates = [
         (lambda: merged(heads_out(q, k, v)),
          "the heads' merged output must go through the output projection: end with self.c_proj(...)"),
-        (lambda: layer.c_proj(heads_out(q, k, v).reshape(B, T, C)),
+        (lambda: c_proj(heads_out(q, k, v).reshape(B, T, C)),
          "the heads are merged without moving T back in front of n_head: transpose(1, 2) before the reshape "
          "(use merge_heads)"),
-        (lambda: layer.c_proj(merged(heads_out(q, k, v, plain))),
+        (lambda: c_proj(merged(heads_out(q, k, v, plain))),
          "the heads are split with a plain view(B, n_head, T, head_size): view as (B, T, n_head, head_size) "
          "and transpose (use split_heads)"),
     ]
     for order in ((k, q, v), (q, v, k), (v, k, q), (k, v, q), (v, q, k)):
-        candidates.append((lambda order=order: layer.c_proj(merged(heads_out(*order))),
+        candidates.append((lambda order=order: c_proj(merged(heads_out(*order))),
                            "c_attn's output is queries, keys and values in that order: q, k, v = "
                            "split into three along the channels"))
     for candidate, hint in candidates:
@@ -513,24 +551,21 @@ def _layer_mistake(layer, x, y, H) -> str:
                 return hint
         except RuntimeError:
             continue
-    return _broken_helpers(type(layer).forward, LAYER_HELPERS) or (
+    return _broken_helpers("forward", LAYER_HELPERS) or (
         "the steps: q, k, v = c_attn(x) split in three; split_heads; causal attention; merge_heads; c_proj")
 
 
-def _broken_helpers(fn, names) -> str:
-    """Name the learner's functions among ``names`` that ``fn`` calls (found in its globals, the notebook's
-    namespace) and that fail their own checks: a mistake there is the one to fix first."""
-    checks = {"causal_mask": check_causal_mask, "softmax": check_softmax, "attention": check_attention}
-    namespace = getattr(fn, "__globals__", {})
+def _broken_helpers(fn: str, names) -> str:
+    """Name the learner's functions among ``names`` that ``fn`` (the learner's function of that name) calls and
+    that failed their own test cells earlier in the notebook (``test_<name>``): a mistake there is the one to
+    fix first."""
     broken = []
     for name in names:
-        if name in namespace:
-            try:
-                checks[name](namespace[name])
-            except AssertionError:
-                broken.append(name)
+        verdict = earlier(f"test_{name}")
+        if verdict is not None and verdict.status in ("failed", "unfinished"):
+            broken.append(name)
     if not broken:
         return ""
     if len(broken) == 1:
-        return f"{fn.__name__} uses your {broken[0]}, which fails its own test above: fix that first"
-    return f"{fn.__name__} uses your {' and '.join(broken)}, which fail their own tests above: fix those first"
+        return f"{fn} uses your {broken[0]}, which fails its own test above: fix that first"
+    return f"{fn} uses your {' and '.join(broken)}, which fail their own tests above: fix those first"

@@ -5,15 +5,23 @@ layer (``wte(ids) + wpe(positions)``, positions counted on from a cache of earli
 learner writes. Inputs are ones the learner has not seen: ids of other shapes and dtypes, other table sizes,
 sequences that fill the block, offsets. Every table is filled from a seeded generator, so a check does not
 depend on the learner's random state.
+
+The learner's functions and class are stand-ins (``autograder.judge.Remote``): they run where the notebook runs.
+The ids and tables are sent there as plain tensors (an ``Embeddings``' tables through ``load_state_dict``), what
+comes back is plain tensors, and the expected values are computed here from the same tensors. The one step that
+must run next to the learner's layer, a backward pass whose gradients stay in its tables, is a helper
+(``autograder.helpers.embeddings``).
 """
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import torch.nn.functional as F
 
-from coursekit.testing import call, fail, isolated, not_written, show
+from autograder.judge import LearnerError, ask, cell, seeded
+from coursekit.testing import call, describe_error, fail, not_written, show
 
 
 def _ids(shape: tuple[int, ...], vocab_size: int, seed: int, dtype=torch.long) -> torch.Tensor:
@@ -84,7 +92,9 @@ def _expect_value_error(label: str, fn, name: str = "", hint: str = "", wrong_an
             fail(f"{label} raised ValueError({str(err)!r}); its message should name the bad id {name}", hint)
         return
     except Exception as err:  # noqa: BLE001 (any other error is the mistake being reported)
-        fail(f"{label} raised {type(err).__name__}: {err}; expected ValueError", hint)
+        if getattr(err, "grader_side", False):  # the grader's own trouble (a lost session) is not the learner's
+            raise
+        fail(f"{label} raised {describe_error(err)}; expected ValueError", hint)
     why = next((w for candidate, w in wrong_answers if isinstance(got, torch.Tensor) and _matches(got, candidate)), "")
     fail(f"{label} returned a {_what(got)} instead of raising ValueError" + (f": {why}" if why else ""), hint)
 
@@ -103,7 +113,7 @@ CHECK_IDS_HINT = "call check_ids(ids, vocab_size) first: it raises ValueError na
 ONE_HOT_CASES = [((6,), 11), ((3, 5), 17), ((2, 3, 4), 9), ((1, 1), 4), ((1,), 1), ((2, 7), 2000)]
 
 
-@isolated()
+@cell("test_one_hot")
 def check_one_hot(one_hot):
     for k, (shape, V) in enumerate(ONE_HOT_CASES):
         ids = _ids(shape, V - 2 if k == 0 else V, seed=10 + k)
@@ -141,7 +151,7 @@ LOOKUP_CASES = [((5,), torch.long, 13, 3), ((2, 6), torch.long, 20, 4), ((2, 2, 
                 ((1, 1), torch.long, 3, 2), ((4, 3), torch.int32, 50, 6), ((3, 8), torch.long, 50257, 4)]
 
 
-@isolated()
+@cell("test_embedding_lookup")
 def check_embedding_lookup(embedding_lookup):
     for k, (shape, dtype, V, C) in enumerate(LOOKUP_CASES):
         table = _table(V, C, seed=20 + k)
@@ -186,7 +196,9 @@ def _lookup_2d_after_1d(embedding_lookup):
     except NotImplementedError:
         pass
     except Exception as err:  # noqa: BLE001
-        fail(f"embedding_lookup(<table 9x2>, {_ids_text(ids)}) raised {type(err).__name__}: {err}",
+        if getattr(err, "grader_side", False):
+            raise
+        fail(f"embedding_lookup(<table 9x2>, {_ids_text(ids)}) raised {describe_error(err)}",
              "it works on a 1-D row of ids but not on a (B, T) batch: index the table with the whole id tensor "
              "(table[ids]), which works for ids of any shape, instead of looping over ids or converting them "
              "to Python ints")
@@ -206,18 +218,30 @@ EMBEDDINGS_CASES = [
 ]
 
 
-def _embeddings(Embeddings, V, block, C, seed):
-    """The learner's Embeddings with seeded tables, so the expected values do not depend on torch's RNG."""
+TABLES_HINT = "keep the given tables wte and wpe (nn.Embedding)"
+
+
+def _embeddings(Embeddings, V, block, C, seed=None, tables=None):
+    """The learner's Embeddings with seeded tables (or ``tables``, (wte, wpe)), so the expected values do not
+    depend on torch's RNG: ``(layer, wte, wpe)``, the tables as sent into the layer."""
+    name = f"Embeddings(vocab_size={V}, block_size={block}, n_embd={C})"
     emb = call(Embeddings, vocab_size=V, block_size=block, n_embd=C, name="Embeddings")
-    for name, rows in (("wte", V), ("wpe", block)):
-        table = getattr(getattr(emb, name, None), "weight", None)
+    for part, rows in (("wte", V), ("wpe", block)):
+        table = getattr(getattr(emb, part, None), "weight", None)
         if not isinstance(table, torch.Tensor) or tuple(table.shape) != (rows, C):
-            fail(f"Embeddings(vocab_size={V}, block_size={block}, n_embd={C}).{name}.weight is {_what(table)}, "
-                 f"expected shape ({rows}, {C})", "keep the given tables wte and wpe (nn.Embedding)")
-    with torch.no_grad():
-        emb.wte.weight.copy_(_table(V, C, seed))
-        emb.wpe.weight.copy_(_table(block, C, seed + 1))
-    return emb
+            fail(f"{name}.{part}.weight is {_what(table)}, expected shape ({rows}, {C})", TABLES_HINT)
+    wte, wpe = tables if tables is not None else (_table(V, C, seed), _table(block, C, seed + 1))
+    wte, wpe = wte.detach().clone(), wpe.detach().clone()
+    try:  # the tables are sent into the learner's layer; its own load_state_dict copies them in
+        result = emb.load_state_dict({"wte.weight": wte, "wpe.weight": wpe}, strict=False)
+    except LearnerError as err:
+        fail(f"the check's tables do not load into {name}: {describe_error(err)}", TABLES_HINT)
+    unexpected = getattr(result, "unexpected_keys", None)
+    if not isinstance(unexpected, list):
+        fail(f"{name}.load_state_dict returned {show(result)}, not torch's missing and unexpected keys", TABLES_HINT)
+    if unexpected:
+        fail(f"{name} has no parameter named {', '.join(map(str, unexpected))}", TABLES_HINT)
+    return emb, wte, wpe
 
 
 def _embeddings_mistakes(wte, wpe, idx, offset):
@@ -251,11 +275,10 @@ def _embeddings_mistakes(wte, wpe, idx, offset):
     ]
 
 
-@isolated()
+@cell("test_embeddings")
 def check_embeddings(Embeddings):
     for k, ((V, block, C), calls) in enumerate(EMBEDDINGS_CASES):
-        emb = _embeddings(Embeddings, V, block, C, seed=60 + 2 * k)
-        wte, wpe = emb.wte.weight.detach().clone(), emb.wpe.weight.detach().clone()
+        emb, wte, wpe = _embeddings(Embeddings, V, block, C, seed=60 + 2 * k)
         for j, (B, T, offset, dtype) in enumerate(calls):
             idx = _ids((B, T), V, seed=100 * k + j, dtype=dtype)
             got = _forward(emb, idx, offset, V, block, C)
@@ -287,19 +310,20 @@ def _forward(emb, idx, offset, V, block, C):
                     f"{block - 1}, the last row of wpe; only offset + T > block_size is an error")
         fail(f"{label} raised ValueError: {err}", hint)
     except Exception as err:  # noqa: BLE001
+        if getattr(err, "grader_side", False):
+            raise
         hint = ""
         if idx.dtype != torch.long:
             hint = "token ids may be any integer dtype (here int32); convert them with idx.long() if you need to"
         elif idx.shape[0] not in (1, idx.shape[1]):
             hint = ("check your positions: they count the T tokens of each row (idx.shape[1]) and are the same "
                     "for every row of the batch, so a (T, C) block of position vectors broadcasts over B")
-        fail(f"{label} raised {type(err).__name__}: {err}", hint)
+        fail(f"{label} raised {describe_error(err)}", hint)
 
 
 def _check_embeddings_errors(Embeddings):
     V, block, C = 30, 6, 4
-    emb = _embeddings(Embeddings, V, block, C, seed=70)
-    wte, wpe = emb.wte.weight.detach().clone(), emb.wpe.weight.detach().clone()
+    emb, wte, wpe = _embeddings(Embeddings, V, block, C, seed=70)
     long_idx = _ids((2, block + 1), V, seed=71)
     ok_idx = _ids((1, 4), V, seed=72)
     for idx, offset, positions in [(long_idx, 0, f"0 .. {block}"), (ok_idx, block - 3, f"{block - 3} .. {block}"),
@@ -328,7 +352,7 @@ def _check_embeddings_errors(Embeddings):
 def _check_gradients(Embeddings):
     """Training needs gradients in both tables: each row gets one gradient per time it was used."""
     V, block, C = 12, 5, 3
-    emb = _embeddings(Embeddings, V, block, C, seed=80)
+    emb, _, _ = _embeddings(Embeddings, V, block, C, seed=80)
     idx = torch.tensor([[3, 3, 0], [7, 3, 11]])
     offset = 1
     label = _forward_label(idx, offset, V, block, C)
@@ -337,13 +361,16 @@ def _check_gradients(Embeddings):
         fail(f"{label} returned a tensor that does not require grad: training could not change wte and wpe",
              "compute with the tables themselves (self.wte(idx), self.wpe(...) or .weight[...]), not with "
              ".data, .detach() or under torch.no_grad()")
-    out.sum().backward()
+    # The backward pass runs where the layer is (its gradients stay in its tables): a helper there.
+    grads = call(ask, "embeddings.gradients", emb, idx, offset, label=f"{label}.sum().backward()")
+    if not isinstance(grads, dict):
+        fail(f"{label}.sum().backward(): the notebook's side answered {show(grads)}, not what the grader asked for")
     want_wte = torch.bincount(idx.flatten(), minlength=V).float()[:, None].expand(V, C)
     want_wpe = torch.zeros(block)
     want_wpe[offset:offset + idx.shape[1]] = idx.shape[0]
     for name, want in (("wte", want_wte), ("wpe", want_wpe[:, None].expand(block, C))):
-        grad = getattr(emb, name).weight.grad
-        if grad is None or not torch.allclose(grad, want):
+        grad = grads.get(name)
+        if not isinstance(grad, torch.Tensor) or grad.shape != want.shape or not torch.allclose(grad, want):
             fail(f"after {label}.sum().backward(), {name}.weight.grad is "
                  f"{'None' if grad is None else 'wrong'}: each row of {name} should get a gradient of 1 for each "
                  "time it was used", "compute with the tables themselves, not with .data or .detach()")
@@ -351,15 +378,23 @@ def _check_gradients(Embeddings):
 
 # ---------------------------------------------------------------- against Hugging Face's GPT-2
 
+_BUILD = threading.Lock()  # one build of the oracle, whichever thread asks first
+
+
 @functools.cache
-def _gpt2(V: int, block: int, C: int):
+def _gpt2_cached(V: int, block: int, C: int):
     from transformers import GPT2Config, GPT2Model
 
     config = GPT2Config(vocab_size=V, n_positions=block, n_embd=C, n_layer=1, n_head=1, embd_pdrop=0.0,
                         resid_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
-    with torch.random.fork_rng():  # seeded, without touching the learner's random state
-        torch.manual_seed(0)
+    with seeded(0):  # its constructor draws from torch's global generator: seeded, under the judge's lock
         return GPT2Model(config).eval()
+
+
+def _gpt2(V: int, block: int, C: int):
+    """Hugging Face's GPT-2 with weights from seed 0, built once per process and only read afterwards."""
+    with _BUILD:
+        return _gpt2_cached(V, block, C)
 
 
 def gpt2_input_layer(model, idx: torch.Tensor, offset: int) -> torch.Tensor:
@@ -375,10 +410,7 @@ def gpt2_input_layer(model, idx: torch.Tensor, offset: int) -> torch.Tensor:
 def _check_against_gpt2(Embeddings):
     V, block, C = 97, 10, 8
     model = _gpt2(V, block, C)
-    emb = _embeddings(Embeddings, V, block, C, seed=90)
-    with torch.no_grad():
-        emb.wte.weight.copy_(model.wte.weight)
-        emb.wpe.weight.copy_(model.wpe.weight)
+    emb, _, _ = _embeddings(Embeddings, V, block, C, tables=(model.wte.weight, model.wpe.weight))
     for j, (B, T, offset) in enumerate([(2, 10, 0), (3, 4, 6), (1, 1, 9), (2, 3, 2)]):
         idx = _ids((B, T), V, seed=95 + j)
         want = gpt2_input_layer(model, idx, offset)
