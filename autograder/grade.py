@@ -79,7 +79,7 @@ SUSPICIOUS = [
     (re.compile(r"\b(exec|eval)\s*\((?!\s*\))"), "runs code from a string"),
     (re.compile(r"\bsys\.(modules|meta_path|path_hooks|addaudithook|setprofile|settrace|_getframe)\b"),
      "reaches into the interpreter"),
-    (re.compile(r"\bget_ipython\(\)\.(events|input_transformers|ast_transformers)\b|\bbuiltins\b|__builtins__"),
+    (re.compile(r"\bget_ipython\(\)\.(events|input_transformers\w*|ast_transformers)\b|\bbuiltins\b|__builtins__"),
      "patches the interpreter"),
     (re.compile(r"\bos\._exit\b|\bctypes\b|\bsetrlimit\b|\bos\.kill\b|\bsignal\.SIG"), "kills or bypasses the kernel"),
     (re.compile(r"^\s*[!%]|\bsubprocess\b|\bos\.system\b|\bos\.popen\b|\bos\.fork\b"), "runs other programs"),

