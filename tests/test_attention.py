@@ -34,6 +34,13 @@ def test_causal_mask_square_by_default_and_refuses_more_queries_than_keys():
     assert torch.equal(causal_mask(5), causal_mask(5, 5))
     with pytest.raises(ValueError):
         causal_mask(4, 3)
+    with pytest.raises(ValueError):  # t_k=0 is no keys, not t_k left out
+        causal_mask(3, 0)
+
+
+def test_causal_mask_of_no_queries_is_empty():
+    assert causal_mask(0, 4).shape == (0, 4) and causal_mask(0).shape == (0, 0)
+    assert causal_mask(0, 4).dtype == torch.bool
 
 
 # ---------------------------------------------------------------- softmax
@@ -56,6 +63,33 @@ def test_softmax_is_stable(x):
     got = softmax(x)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, torch.softmax(x, dim=-1), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_softmax_near_a_thousand_in_float32_agrees_with_every_correct_method(dim):
+    """What the checks' tolerance allows for: exp(x - logsumexp(x)) is off by about |x| * eps in float32."""
+    x = torch.tensor([[1000.0, 999.0, 995.0], [-1000.0, -998.0, -999.0], [1000.0, 1000.0, -math.inf]])
+    want = torch.softmax(x, dim=dim)
+    torch.testing.assert_close(softmax(x, dim=dim), want, atol=ATOL, rtol=0)
+    via_logsumexp = torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True))
+    torch.testing.assert_close(via_logsumexp, want, atol=ATOL + 2 * torch.finfo(x.dtype).eps * 1000, rtol=0)
+
+
+def test_softmax_of_one_entry_and_of_no_rows():
+    assert torch.equal(softmax(torch.randn(4, 1) * 50), torch.ones(4, 1))
+    assert softmax(torch.zeros(0, 5)).shape == (0, 5)
+
+
+def test_softmax_leaves_its_input_alone_and_passes_gradients():
+    x = randn(3, 4, 5, seed=3, dtype=torch.float64) * 5
+    before = x.clone()
+    xr = x.clone().requires_grad_(True)
+    r = randn(3, 4, 5, seed=4, dtype=torch.float64)
+    (softmax(xr, dim=1) * r).sum().backward()
+    assert torch.equal(x, before)
+    want = x.clone().requires_grad_(True)
+    (torch.softmax(want, dim=1) * r).sum().backward()
+    torch.testing.assert_close(xr.grad, want.grad, atol=1e-12, rtol=0)
 
 
 # ---------------------------------------------------------------- attention
@@ -106,6 +140,28 @@ def test_float64_attention_equals_sdpa():
     out, weights = attention(q, k, v, causal_mask(11))
     assert out.dtype == weights.dtype == torch.float64
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-12, rtol=0)
+
+
+def test_attention_of_scores_in_the_thousands_equals_sdpa():
+    """A plain exp overflows there (above 709 in float64): attention computes its weights with softmax."""
+    q, k = (randn(2, 2, 6, 4, seed=s, dtype=torch.float64) * 40 for s in (53, 54))
+    v = randn(2, 2, 6, 4, seed=55, dtype=torch.float64)
+    assert (q @ k.transpose(-2, -1) / 2).abs().max() > 1000
+    out, weights = attention(q, k, v, causal_mask(6))
+    assert torch.isfinite(weights).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-9, rtol=0)
+
+
+def test_attention_gradients_equal_sdpa():
+    """Chapter 8 trains through attention: the gradients reach q, k and v, as through SDPA."""
+    q, k, v = (randn(2, 2, t, 5, seed=s, dtype=torch.float64) for s, t in ((56, 4), (57, 7), (58, 7)))
+    r = randn(2, 2, 4, 5, seed=59, dtype=torch.float64)
+    ours = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    theirs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    (attention(*ours, causal_mask(4, 7))[0] * r).sum().backward()
+    (F.scaled_dot_product_attention(*theirs, attn_mask=full_causal(4, 7)) * r).sum().backward()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=0)
 
 
 # ---------------------------------------------------------------- CausalSelfAttention
@@ -183,3 +239,35 @@ def test_no_position_reads_the_future(T, n_head, data):
     changed[:, t + 1:] = randn(2, T - t - 1, 8, seed=seed + 1) * 3
     with torch.no_grad():
         torch.testing.assert_close(layer(changed)[:, :t + 1], layer(x)[:, :t + 1], atol=ATOL, rtol=0)
+
+
+def test_one_layer_reads_sequences_of_any_length_in_turn():
+    """Generation calls the same layer with a longer sequence at each step: each call makes its own mask."""
+    layer = layer_with_random_weights(16, 4, seed=11)
+    x = randn(2, 9, 16, seed=12)
+    with torch.no_grad():
+        full = layer(x)
+        for T in (3, 7, 1, 9, 5):
+            torch.testing.assert_close(layer(x[:, :T]), full[:, :T], atol=ATOL, rtol=0)
+
+
+def test_layer_gradients_reach_its_parameters_and_its_input():
+    """Chapter 8 trains this layer: a loss on its output has a gradient for c_attn, c_proj and x, those of torch's
+    multi-head attention with the same weights."""
+    layer = layer_with_random_weights(12, 3, seed=13).double()
+    x = randn(2, 5, 12, seed=14, dtype=torch.float64).requires_grad_(True)
+    r = randn(2, 5, 12, seed=15, dtype=torch.float64)
+    (layer(x) * r).sum().backward()
+    mha = torch.nn.MultiheadAttention(12, 3, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(layer.c_attn.weight)
+        mha.in_proj_bias.copy_(layer.c_attn.bias)
+        mha.out_proj.weight.copy_(layer.c_proj.weight)
+        mha.out_proj.bias.copy_(layer.c_proj.bias)
+    x2 = x.detach().clone().requires_grad_(True)
+    want, _ = mha(x2, x2, x2, attn_mask=~causal_mask(5), need_weights=False)
+    (want * r).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, atol=1e-10, rtol=0)
+    for ours, theirs in ((layer.c_attn.weight, mha.in_proj_weight), (layer.c_attn.bias, mha.in_proj_bias),
+                         (layer.c_proj.weight, mha.out_proj.weight), (layer.c_proj.bias, mha.out_proj.bias)):
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-10, rtol=0)

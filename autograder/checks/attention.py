@@ -3,16 +3,18 @@
 The oracles are PyTorch's own: ``torch.tril`` for the mask, ``torch.softmax``,
 ``torch.nn.functional.scaled_dot_product_attention`` for attention (its weights are its output for the
 values ``eye(T_k)``) and ``torch.nn.functional.multi_head_attention_forward`` for the whole layer. The inputs
-are drawn from fixed seeds, in shapes the visible tests do not use: one position, fewer queries than keys,
-head sizes that are not powers of two, several batch and head dimensions, float64. When an answer is wrong,
-the message names the first thing that is wrong and, for the known mistakes, what the mistake is.
+are drawn from fixed seeds, in shapes the visible tests do not use: no queries or no keys, one position, one
+query against many keys (chapter 7's cache), fewer queries than keys, head sizes that are not powers of two and
+head size 1, several batch and head dimensions, float64, scores large enough that a plain exp overflows. When an
+answer is wrong, the message names the first thing that is wrong and, for the known mistakes, what the mistake is.
 
 The learner's functions and class are stand-ins (``autograder.judge.Remote``): they run where the notebook runs,
 on tensors sent there as plain data, and what comes back is plain tensors. A layer's weights are drawn here and
 sent into it (``load_state_dict``), so the oracle uses the very same numbers. Whether a call changed its inputs in
-place is seen where the inputs are (``autograder.helpers.attention``); torch's softmax is taken away there while
-the learner's softmax runs (``learner_side(forbid=...)``); and a mistake of a function that another one uses is
-named from the verdicts of the notebook's earlier test cells (``earlier``).
+place, and the gradients of a backward pass (chapter 8 trains this layer), are measured where the inputs are
+(``autograder.helpers.attention``); torch's softmax is taken away there while the learner's softmax runs
+(``learner_side(forbid=...)``). A failure of a function that calls the learner's functions of earlier test cells
+says so when those fail their own tests (``judge.because_of``), so that one mistake reads as one.
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.judge import LearnerError, ask, cell, earlier, is_instance, learner_side, type_of
+from autograder.judge import LearnerError, ask, because_of, cell, is_instance, learner_side, type_of
 from coursekit.testing import call, describe_error, describe_where, expect_raises, fail, not_written, show
 
 ATOL = 1e-5
+GRAD_RTOL = 1e-6  # gradients are compared in float64, to this fraction of the largest one
 
 
 def _randn(*shape, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -45,16 +48,22 @@ def _shape(t) -> str:
     return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else f"a {type_of(t)}"
 
 
-def _tensor(name: str, got, want: torch.Tensor, what: str = "") -> torch.Tensor:
+def _also(hint: str, because: str) -> str:
+    """A hint, and the note of ``judge.because_of`` (which earlier cell's function this one uses fails)."""
+    return "; ".join(part for part in (hint, because) if part)
+
+
+def _tensor(name: str, got, want: torch.Tensor, what: str = "", because: str = "") -> torch.Tensor:
     """Check that a learner's result is a tensor of the right shape (and dtype, for bool and float64)."""
     label = f"{name}{what}"
     if not isinstance(got, torch.Tensor):
-        fail(f"{label} returned {type_of(got)}, expected a torch.Tensor of shape {tuple(want.shape)}")
+        fail(f"{label} returned {type_of(got)}, expected a torch.Tensor of shape {tuple(want.shape)}", because)
     if got.shape != want.shape:
-        fail(f"{label} returned {_shape(got)}, expected shape {tuple(want.shape)}")
+        fail(f"{label} returned {_shape(got)}, expected shape {tuple(want.shape)}", because)
     if got.dtype != want.dtype and (want.dtype in (torch.bool, torch.float64) or got.dtype == torch.bool):
         fail(f"{label} returned a {got.dtype} tensor, expected {want.dtype}",
-             "keep the dtype of the input (float64 in, float64 out)" if want.dtype == torch.float64 else "")
+             _also("keep the dtype of the input (float64 in, float64 out): no .float() and no float32 tensor made "
+                   "along the way" if want.dtype == torch.float64 else "", because))
     return got
 
 
@@ -65,13 +74,110 @@ def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
     return f"{(got - want.double()).abs().max().item():.2e}"
 
 
+def _learner_failure(err: LearnerError, label: str, forbid: list[str] | None, hint: str):
+    """The failure for an error of the learner's code in a call ``label``: a forbidden torch function named, a stub
+    said to be not written yet, anything else with its type, message and line, and ``hint``."""
+    if forbid and err.type_name == "autograder.hidden.Forbidden":
+        used = str(err).removesuffix(" is not available here")
+        fail(f"{label} called {used}{describe_where(err.where, err.cell_name)}", NO_TORCH_SOFTMAX)
+    if isinstance(err, NotImplementedError):
+        raise not_written(label, err) from None
+    fail(f"{label} raised {describe_error(err)}", hint)  # as coursekit's call says it
+
+
+def _run(fn, args: tuple, kwargs: dict, label: str, forbid: list[str] | None = None, hint: str = ""):
+    """``fn(*args, **kwargs)`` on the learner's side, where the inputs are: ``(what came back, [whether it changed
+    args[i] in place])``. With ``forbid``, those functions raise there while it runs; a call of one is named. An error
+    of the learner's code fails with ``hint``."""
+    try:
+        with learner_side(**({"forbid": forbid} if forbid else {})):
+            answer = ask("attention.run", fn, *args, **kwargs)
+    except LearnerError as err:
+        _learner_failure(err, label, forbid, hint)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], list)
+            and len(answer[1]) == len(args)):
+        fail(f"{label}: the notebook's side answered {show(answer)}, not what the grader asked for")
+    return answer
+
+
+def _far(got, want: torch.Tensor) -> float | None:
+    """None when the tensor ``got`` is ``want`` to ``GRAD_RTOL`` of its largest value; nan when it holds nan or inf;
+    else how far it is."""
+    got = got.detach().double()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    diff = (got - want).abs().max().item() if want.numel() else 0.0
+    return None if diff <= GRAD_RTOL * (1.0 + want.abs().max().item()) else diff
+
+
+IN_PLACE_GRAPH = ("an in-place operation (x -= ..., x.exp_(), masked_fill_) changed a tensor that the backward pass "
+                  "still needs: compute new tensors instead")
+
+
+def _check_gradients(fn, args: tuple, *, want_out: torch.Tensor, want_inputs: dict[int, tuple[str, torch.Tensor]],
+                     want_params: dict[str, torch.Tensor], weight: torch.Tensor, label: str, no_graph: str,
+                     because: str = "", pick: int | None = None, kwargs: dict | None = None,
+                     forbid: list[str] | None = None) -> None:
+    """A training step on the learner's side: ``fn(*args, **kwargs)`` (its item ``pick``) with gradients on and every
+    float argument requiring grad, then the gradients of ``(out * weight).sum()``. The output must be ``want_out``
+    and carry a gradient; the gradients with respect to the arguments (``want_inputs``: {index: (name, gradient)})
+    and to ``fn``'s parameters (``want_params``, by the learner's names) must be the oracle's. ``no_graph`` is the
+    hint for a missing or wrong gradient."""
+    try:
+        with learner_side(no_grad=False, **({"forbid": forbid} if forbid else {})):
+            answer = ask("attention.gradients", fn, list(args), weight, pick, kwargs or {})
+    except LearnerError as err:
+        why = IN_PLACE_GRAPH if "inplace operation" in str(err) else no_graph if "grad" in str(err) else ""
+        _learner_failure(err, label, forbid, _also(why, because))
+    if not isinstance(answer, dict) or "output" not in answer:
+        fail(f"{label}: the notebook's side answered {show(answer)}, not what the grader asked for")
+    got = _tensor(label, answer["output"], want_out, because=because)
+    if not _close(got, want_out):
+        fail(f"{label} differs from torch's by {_max_diff(got, want_out)}", because)
+    needing = [name for name, _ in want_inputs.values()] + (["its parameters"] if want_params else [])
+    verb = "requires" if len(needing) == 1 and not want_params else "require"
+    if answer.get("requires_grad") is not True:
+        fail(f"{label}: the output carries no gradient (requires_grad is False, although "
+             f"{', '.join(needing[:-1]) + ' and ' if len(needing) > 1 else ''}{needing[-1]} {verb} grad): "
+             "chapter 8 trains through it, and no loss on this output could change anything before it",
+             _also(no_graph, because))
+    inputs = answer.get("inputs") if isinstance(answer.get("inputs"), list) else []
+    params = answer.get("params") if isinstance(answer.get("params"), dict) else {}
+    wanted = [(name, inputs[i] if i < len(inputs) else None, grad) for i, (name, grad) in want_inputs.items()] + \
+        [(name, params.get(name), grad) for name, grad in want_params.items()]
+    missing = [name for name, got_grad, _ in wanted if not isinstance(got_grad, torch.Tensor)]
+    if missing:
+        fail(f"{label}: no gradient reaches {' and '.join(missing)} from a loss on the output",
+             _also(no_graph, because))
+    wrong = []
+    for name, got_grad, grad in wanted:
+        if got_grad.shape != grad.shape:
+            wrong.append((name, f"has shape {tuple(got_grad.shape)}, not {tuple(grad.shape)}"))
+        elif (far := _far(got_grad, grad)) is not None:
+            wrong.append((name, "holds nan or inf where torch's is finite" if math.isnan(far) else
+                          f"differs from torch's by up to {far:.2e}"))
+    if wrong:
+        name, how = wrong[0]
+        count = f" ({len(wrong)} of the {len(wanted)} gradients differ)" if len(wanted) > 1 else ""
+        fail(f"{label}: the output is right but its gradients are not: the gradient of sum(out * r) with respect to "
+             f"{name} {how}{count}", _also(no_graph, because))
+
+
+def _oracle_gradients(out: torch.Tensor, weight: torch.Tensor, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The oracle's gradients of ``(out * weight).sum()`` (``torch.autograd.grad``: nothing accumulates in the
+    tensors' ``.grad``)."""
+    return list(torch.autograd.grad((out * weight).sum(), wrt))
+
+
 # ---------------------------------------------------------------- causal_mask
 
 # (t_q, t_k): t_k None means the call causal_mask(t_q). Square masks first, the first big enough to tell
 # the known mistakes apart (on a 1 x 1 mask, "inverted" and "off by one" look the same); then fewer queries
-# than keys (chapter 7's KV cache).
+# than keys (chapter 7's KV cache); then no queries at all: an empty mask.
 MASK_CASES = [(4, None), (1, None), (2, None), (5, None), (8, None), (13, None), (1, 1), (6, 6),
-              (3, 7), (1, 6), (4, 5), (2, 9), (7, 12)]
+              (3, 7), (1, 6), (4, 5), (2, 9), (7, 12), (0, 4), (0, None)]
+T_K_ZERO = ("t_k=0 is a number of keys (none), not t_k left out: test `t_k is None`, not `t_k or t_q` "
+            "(0 is falsy); 3 queries cannot be the last positions of 0 keys: raise ValueError")
 
 
 def _oracle_mask(t_q: int, t_k: int) -> torch.Tensor:
@@ -102,6 +208,7 @@ def check_causal_mask(causal_mask):
             fail(f"{label}: {_first_wrong_pair(got, want, t_q, t_k)}", _mask_mistake(got, t_q, t_k))
     expect_raises(ValueError, causal_mask, 5, 2, name="causal_mask",
                   hint="5 queries cannot be the last positions of only 2 keys: raise ValueError")
+    expect_raises(ValueError, causal_mask, 3, 0, name="causal_mask", hint=T_K_ZERO)
     # The device is only checked to be accepted: a CPU grader has no other device to put the mask on (the
     # "meta" device would do, but tracing tril there costs seconds in every grading kernel).
     for device in ("cpu", torch.device("cpu")):
@@ -155,8 +262,8 @@ def _softmax_cases():
         (_randn(2, 3, 4, seed=35, scale=3), -2),
         (_randn(2, 3, 4, seed=36, scale=3), 0),
         # Large scores: e^x overflows to inf above 88 in float32 (709 in float64), and inf / inf is nan;
-        # e^x underflows to 0 below -103 (-745), and 0 / 0 is nan. Float32 scores stay below 128, where
-        # a float32 is exact to 1e-5, so that a softmax computed as exp(x - logsumexp(x)) passes too.
+        # e^x underflows to 0 below -103 (-745), and 0 / 0 is nan. The tolerance grows with the scores
+        # (_softmax_atol), so that a softmax computed as exp(x - logsumexp(x)) passes too.
         (torch.tensor([[100.0, 99.0, 95.0], [-120.0, -118.0, -119.0], [1.0, 2.0, 3.0]]), -1),
         (torch.tensor([[110.0, 3.0], [108.0, -5.0], [0.0, 100.0]]), 0),
         (torch.tensor([[1e4, 1e4 - 1, 1e4 - 5], [-1e4, -1e4 + 2, -1e4 + 1], [1.0, 2.0, 3.0]],
@@ -168,32 +275,32 @@ def _softmax_cases():
         (torch.tensor([[0.5, -inf], [-inf, 1.0], [2.0, 4.0]]), 0),
         (_randn(4, 6, seed=37, scale=30, dtype=torch.float64), -1),
         (_randn(5, 3, seed=38, scale=30, dtype=torch.float64), 0),
+        # Scores near +-1000 in float32, with and without -inf beside them.
+        (torch.tensor([[1000.0, 999.0, 995.0], [-1000.0, -998.0, -999.0], [1000.0, 1000.0, -inf]]), -1),
+        (torch.tensor([[1000.0, -3.0], [998.0, 4.0], [-inf, 1000.0]]), 0),
+        # One entry along dim (its weight is 1), and no rows at all.
+        (_randn(4, 1, seed=39, scale=50), -1),
+        (torch.zeros(0, 5), -1),
     ]
+
+
+def _softmax_atol(x: torch.Tensor) -> float:
+    """ATOL, plus what rounding the scores to their dtype costs: every correct method (x minus the maximum, or
+    exp(x - logsumexp(x))) agrees with torch's to about |x| * eps."""
+    finite = x[torch.isfinite(x)]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
+    return ATOL + 2 * torch.finfo(x.dtype).eps * scale
 
 
 # While the learner's softmax runs, torch's softmax is off limits where it runs: these raise there.
 TORCH_SOFTMAX = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax"]
 NO_TORCH_SOFTMAX = ("softmax must be written without torch.softmax / F.softmax / Tensor.softmax: compute it from exp "
                     "and sum")
-
-
-def _run(fn, args: tuple, kwargs: dict, label: str, forbid: list[str] | None = None):
-    """``fn(*args, **kwargs)`` on the learner's side, where the inputs are: ``(what came back, [whether it changed
-    args[i] in place])``. With ``forbid``, those functions raise there while it runs; a call of one is named."""
-    try:
-        with learner_side(**({"forbid": forbid} if forbid else {})):
-            answer = ask("attention.run", fn, *args, **kwargs)
-    except LearnerError as err:
-        if forbid and err.type_name == "autograder.hidden.Forbidden":
-            used = str(err).removesuffix(" is not available here")
-            fail(f"{label} called {used}{describe_where(err.where, err.cell_name)}", NO_TORCH_SOFTMAX)
-        if isinstance(err, NotImplementedError):
-            raise not_written(label, err) from None
-        raise AssertionError(f"{label} raised {describe_error(err)}") from None  # as coursekit's call says it
-    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], list)
-            and len(answer[1]) == len(args)):
-        fail(f"{label}: the notebook's side answered {show(answer)}, not what the grader asked for")
-    return answer
+IN_PLACE_SOFTMAX = ("compute new tensors (x - m, not x -= m; no x.sub_(...) or x.exp_()): the caller still needs its "
+                    "scores, and training needs them unchanged to compute gradients")
+SOFTMAX_GRAPH = ("compute with torch operations on x itself: no .detach(), .data, .clone().detach(), .item()/.tolist(), "
+                 "numpy or torch.no_grad() (detaching only the maximum you subtract is fine: it does not change the "
+                 "result)")
 
 
 @cell("test_softmax")
@@ -204,12 +311,20 @@ def check_softmax(softmax):
         want = torch.softmax(x, dim=d)
         got, changed = _run(softmax, (x,), {} if dim is None else {"dim": dim}, label, forbid=TORCH_SOFTMAX)
         if changed[0]:
-            fail(f"{label} changed its input in place", "compute new tensors (x - m, not x -= m): the caller "
-                 "still needs its scores")
+            fail(f"{label} changed its input in place", IN_PLACE_SOFTMAX)
         _tensor(label, got, want)
-        if not _close(got, want):
+        if not _close(got, want, _softmax_atol(x)):
             fail(f"{label} returned {_values(got)}, expected {_values(want)} "
                  f"(largest difference {_max_diff(got, want)})", _softmax_mistake(x, d, got, want))
+    # A training step: chapter 8 backpropagates through the softmax to the scores.
+    x, r = _randn(3, 4, 5, seed=120, scale=5, dtype=torch.float64), _randn(3, 4, 5, seed=121, dtype=torch.float64)
+    with torch.enable_grad():
+        xr = x.clone().requires_grad_(True)
+        want = torch.softmax(xr, dim=1)
+        (dx,) = _oracle_gradients(want, r, [xr])
+    _check_gradients(softmax, (x,), kwargs={"dim": 1}, want_out=want.detach(), want_inputs={0: ("x", dx)},
+                     want_params={}, weight=r, forbid=TORCH_SOFTMAX, no_graph=SOFTMAX_GRAPH,
+                     label=f"softmax(x, dim=1) on a float64 x of shape {tuple(x.shape)} that requires grad")
 
 
 def _describe(x: torch.Tensor) -> str:
@@ -233,6 +348,8 @@ def _rounded(values) -> str:
 
 
 def _softmax_mistake(x, dim, got, want) -> str:
+    if not x.ndim:
+        return ""
     dim = dim % x.ndim
     candidates = [
         (lambda: _naive(x - x.max(), dim),
@@ -253,7 +370,7 @@ def _softmax_mistake(x, dim, got, want) -> str:
                                f"you normalised along dim {other}, not along dim {dim}: use the dim argument"))
     for candidate, hint in candidates:
         try:
-            if _close(got, candidate()):
+            if _close(got, candidate(), _softmax_atol(x)):
                 return hint
         except RuntimeError:
             continue
@@ -280,28 +397,43 @@ def _naive_no_keepdim_sum(x, dim):
 
 # ---------------------------------------------------------------- attention
 
+FEWER_QUERIES = ("with fewer queries than keys the scores are (..., T_q, T_k), and so is the mask: use the mask as "
+                 "it is given (no [:T, :T] slice, no mask of your own made from q's length), and take D from q")
+ATTENTION_GRAPH = ("no .detach(), .data or torch.no_grad() on the scores or on the weights you multiply v with: the "
+                   "gradient reaches q and k only through them (to return weights for plotting, detach them after "
+                   "weights @ v)")
+
+
 def _attention_cases():
-    """(q, k, v, mask, what): the mask is a bool tensor that broadcasts against the scores, or None."""
+    """(q, k, v, mask, what, hint): the mask is a bool tensor that broadcasts against the scores, or None; the hint
+    is for an error the learner's code raises on that case."""
     causal = _oracle_mask
     cases = []
     q, k, v = (_randn(2, 5, 8, seed=40 + i) for i in range(3))
-    cases.append((q, k, v, causal(5, 5), "causal, (B, T, D) = (2, 5, 8)"))
+    cases.append((q, k, v, causal(5, 5), "causal, (B, T, D) = (2, 5, 8)", ""))
     q, k, v = (_randn(2, 3, 7, 5, seed=43 + i) for i in range(3))
-    cases.append((q, k, v, causal(7, 7), "causal, 3 heads, head size 5"))
+    cases.append((q, k, v, causal(7, 7), "causal, 3 heads, head size 5", ""))
     q, k, v = (_randn(1, 1, 1, 6, seed=46 + i) for i in range(3))
-    cases.append((q, k, v, causal(1, 1), "one position"))
+    cases.append((q, k, v, causal(1, 1), "one position", ""))
     q = _randn(2, 2, 3, 12, seed=49)
     k, v = _randn(2, 2, 9, 12, seed=50), _randn(2, 2, 9, 6, seed=51)
-    cases.append((q, k, v, causal(3, 9), "3 queries, the last of 9 keys, values of size 6"))
+    cases.append((q, k, v, causal(3, 9), "3 queries, the last of 9 keys, values of size 6", FEWER_QUERIES))
+    q = _randn(2, 3, 1, 8, seed=62)
+    k, v = _randn(2, 3, 9, 8, seed=63), _randn(2, 3, 9, 8, seed=64)
+    cases.append((q, k, v, causal(1, 9), "one query, the last of 9 keys (chapter 7's cache)", FEWER_QUERIES))
     q, k, v = (_randn(3, 6, 10, seed=52 + i) for i in range(3))
-    cases.append((q, k, v, None, "no mask"))
+    cases.append((q, k, v, None, "no mask", ""))
     q, k, v = (_randn(2, 4, 6, 3, seed=55 + i) for i in range(3))
     g = torch.Generator().manual_seed(58)
     mask = torch.rand(2, 1, 6, 6, generator=g) < 0.5
     mask[..., 0] = True  # every query sees at least one key
-    cases.append((q, k, v, mask, "a (B, 1, T, T) mask of random holes"))
+    cases.append((q, k, v, mask, "a (B, 1, T, T) mask of random holes", ""))
     q, k, v = (_randn(2, 2, 11, 7, seed=59 + i, dtype=torch.float64) for i in range(3))
-    cases.append((q, k, v, causal(11, 11), "float64, head size 7"))
+    cases.append((q, k, v, causal(11, 11), "float64, head size 7", ""))
+    # Scores in the thousands: a plain e^x overflows to inf (above 709 in float64), and inf / inf is nan.
+    q, k = (_randn(2, 2, 6, 4, seed=65 + i, scale=40, dtype=torch.float64) for i in range(2))
+    v = _randn(2, 2, 6, 4, seed=67, dtype=torch.float64)
+    cases.append((q, k, v, causal(6, 6), "float64, scores in the thousands", ""))
     return cases
 
 
@@ -319,27 +451,41 @@ def _attention_label(q, k, v, mask, what) -> str:
 
 @cell("test_attention")
 def check_attention(attention):
-    for q, k, v, mask, what in _attention_cases():
+    because = because_of(softmax="test_softmax")
+    for q, k, v, mask, what, hint in _attention_cases():
         label = _attention_label(q, k, v, mask, what)
         want_out, want_w = _oracle_attention(q, k, v, mask)
-        got, changed = _run(attention, (q, k, v, mask), {}, label)
+        got, changed = _run(attention, (q, k, v, mask), {}, label, hint=_also(hint, because))
         if any(changed[:3]):
             fail(f"{label} changed q, k or v in place", "compute new tensors (q / s, not q /= s): the caller "
                  "still needs its queries, keys and values")
         if not (isinstance(got, tuple) and len(got) == 2):
             fail(f"{label} returned {_shape(got)}; return a pair (output, weights)")
         out, weights = got
-        _tensor(label, weights, want_w, ": the weights")
+        _tensor(label, weights, want_w, ": the weights", because)
         if not _close(weights, want_w):
             fail(f"{label}: the weights differ from scaled_dot_product_attention's by {_max_diff(weights, want_w)}",
-                 _attention_mistake(q, k, mask, weights))
-        _tensor(label, out, want_out, ": the output")
+                 _also(_attention_mistake(q, k, v, mask, weights, because), because))
+        _tensor(label, out, want_out, ": the output", because)
         if not _close(out, want_out):
             fail(f"{label}: the output differs from scaled_dot_product_attention's by {_max_diff(out, want_out)}",
-                 "the weights are right: the output is weights @ v")
+                 _also("the weights are right: the output is weights @ v", because))
+    # A training step, 4 queries against 7 keys: chapter 8 backpropagates through attention to q, k and v.
+    q, k, v = (_randn(2, 2, t, 5, seed=125 + i, dtype=torch.float64) for i, t in enumerate((4, 7, 7)))
+    mask, r = _oracle_mask(4, 7), _randn(2, 2, 4, 5, seed=128, dtype=torch.float64)
+    with torch.enable_grad():
+        qkv = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        want = F.scaled_dot_product_attention(*qkv, attn_mask=mask)
+        grads = _oracle_gradients(want, r, qkv)
+    _check_gradients(attention, (q, k, v, mask), pick=0, want_out=want.detach(), weight=r, want_params={},
+                     want_inputs={i: (name, grad) for i, (name, grad) in enumerate(zip("qkv", grads))},
+                     no_graph=ATTENTION_GRAPH, because=because,
+                     label="attention(q, k, v, causal mask (4, 7)) on float64 q, k, v that require grad")
 
 
-def _attention_mistake(q, k, mask, weights) -> str:
+def _attention_mistake(q, k, v, mask, weights, because: str = "") -> str:
+    """The known mistake that gives these weights; else, when the learner's softmax does not fail its own test
+    (``because`` empty), what is wrong with them (nan, weight on hidden keys)."""
     d = q.shape[-1]
     raw = q @ k.transpose(-2, -1)
     scaled = raw / math.sqrt(d)
@@ -358,6 +504,10 @@ def _attention_mistake(q, k, mask, weights) -> str:
          "you took the softmax over the queries (dim -2); each query's weights over the keys (dim -1) must "
          "sum to 1"),
     ]
+    if v.shape[-1] != d:
+        candidates.append((lambda: torch.softmax(masked(raw / math.sqrt(v.shape[-1])), -1),
+                           f"you divided by the square root of the values' size ({v.shape[-1]}); D is the size of "
+                           f"the queries and keys, q.shape[-1] = {d}"))
     if mask is not None:
         candidates += [
             (lambda: torch.softmax(scaled, -1),
@@ -378,9 +528,12 @@ def _attention_mistake(q, k, mask, weights) -> str:
                 return hint
         except RuntimeError:
             continue
-    broken = _broken_helpers("attention", ("softmax",))
-    if broken:
-        return broken
+    if because:
+        return ""
+    if isinstance(weights, torch.Tensor) and (weights.isnan() | weights.isinf()).any():
+        return ("your weights hold nan where torch's hold numbers: on large scores e^x overflows (above 88 in "
+                "float32, 709 in float64) and inf / inf is nan. Compute the weights with your softmax, which "
+                "subtracts the maximum first")
     if mask is not None and isinstance(weights, torch.Tensor) and weights.shape[-2:] == mask.shape[-2:]:
         leak = (weights.detach().abs() > 1e-7) & ~mask
         if leak.any():
@@ -391,10 +544,16 @@ def _attention_mistake(q, k, mask, weights) -> str:
 
 # ---------------------------------------------------------------- CausalSelfAttention
 
-# (n_embd, n_head, B, T): head sizes 4, 3 and 5 (not powers of two), 6, 8 (one head), 2 with one position.
-LAYER_CASES = [(16, 4, 2, 6), (24, 8, 1, 7), (30, 5, 3, 5), (8, 1, 2, 4), (12, 6, 1, 1), (20, 4, 2, 9)]
+# (n_embd, n_head, B, T): head sizes 4, 3 and 5 (not powers of two), 6, 8 (one head), 2 with one position, 1.
+LAYER_CASES = [(16, 4, 2, 6), (24, 8, 1, 7), (30, 5, 3, 5), (8, 1, 2, 4), (12, 6, 1, 1), (20, 4, 2, 9), (4, 4, 2, 3)]
 NO_PEEKING_AFTER = (0, 2, 4, 7)  # positions t: changing the input after t must not change outputs up to t
-LAYER_HELPERS = ("causal_mask", "softmax", "attention")  # what forward calls
+LAYER_USES = {"causal_mask": "test_causal_mask", "softmax": "test_softmax", "attention": "test_attention"}
+LENGTHS = (3, 7, 1, 5)  # one layer, called on these sequence lengths one after the other
+LENGTHS_HINT = ("the same layer reads sequences of any length, one call after the other (generation adds a token at "
+                "each step): build the mask from each call's own T, and keep no mask or size from an earlier call")
+PEEKING = "position p may only read positions 0 .. p: pass the causal mask to attention"
+LAYER_GRAPH = ("no torch.no_grad(), .detach() or .data in forward: chapter 8 trains this layer by backpropagating a "
+               "loss through this very forward pass to c_attn and c_proj")
 
 
 LAYERS_HINT = "keep the layers that __init__ makes: chapter 4 loads GPT-2's weights into them"
@@ -448,28 +607,68 @@ def _oracle_layer(w, x, n_head):
 
 @cell("test_causal_self_attention")
 def check_causal_self_attention(CausalSelfAttention):
+    because = because_of(**LAYER_USES)
     for n, (C, H, B, T) in enumerate(LAYER_CASES):
         layer, w = _layer(CausalSelfAttention, C, H, seed=70 + n)
         x = _randn(B, T, C, seed=80 + n)
         _check_split_merge(layer, x, C, H)
+        label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}"
         with torch.no_grad(), learner_side(no_grad=True):
-            y = call(layer, x, label=f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}")
-            _tensor(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}", y, x)
-            _check_no_peeking(layer, x, y, C, H, seed=90 + n)
+            y = call(layer, x, label=label, hint=because)
+            _tensor(label, y, x, because=because)
+            _check_no_peeking(layer, x, y, C, H, seed=90 + n, because=because)
             want = _oracle_layer(w, x, H)
             if not _close(y, want):
-                fail(f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}: the output differs from "
-                     f"torch's multi-head attention by {_max_diff(y, want)}", _layer_mistake(w, x, y, H))
+                fail(f"{label}: the output differs from torch's multi-head attention by {_max_diff(y, want)}",
+                     _also(_layer_mistake(w, x, y, H, because), because))
+    _check_lengths(CausalSelfAttention, because)
     # float64 through and through: the mask and the scale must not force float32.
     layer, w = _layer(CausalSelfAttention, 12, 3, seed=99, dtype=torch.float64)
     x = _randn(2, 5, 12, seed=100, dtype=torch.float64)
+    label = "CausalSelfAttention(12, 3).double() on float64 x"
     with torch.no_grad(), learner_side(no_grad=True):
-        y = call(layer, x, label="CausalSelfAttention(12, 3).double() on float64 x")
+        y = call(layer, x, label=label, hint=because)
         want = _oracle_layer(w, x, 3)
-    _tensor("CausalSelfAttention(12, 3).double() on float64 x", y, want)
+    _tensor(label, y, want, because=because)
     if not _close(y, want, atol=1e-9):
-        fail(f"CausalSelfAttention(12, 3).double() on float64 x: the output differs from torch's by "
-             f"{_max_diff(y, want)}", "keep the input's dtype all the way through")
+        fail(f"{label}: the output differs from torch's by {_max_diff(y, want)}",
+             _also("keep the input's dtype all the way through", because))
+    _check_layer_gradients(CausalSelfAttention, because)
+
+
+def _check_lengths(CausalSelfAttention, because: str) -> None:
+    """One layer called on sequences of several lengths in turn, as generation calls it."""
+    C, H = 16, 4
+    layer, w = _layer(CausalSelfAttention, C, H, seed=110)
+    before = ""
+    for T in LENGTHS:
+        x = _randn(2, T, C, seed=111 + T)
+        label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}{before}"
+        with torch.no_grad(), learner_side(no_grad=True):
+            y = call(layer, x, label=label, hint=_also(LENGTHS_HINT, because))
+            want = _oracle_layer(w, x, H)
+        _tensor(label, y, want, because=_also(LENGTHS_HINT, because))
+        if not _close(y, want):
+            fail(f"{label}: the output differs from torch's multi-head attention by {_max_diff(y, want)}",
+                 _also(LENGTHS_HINT, because))
+        before = f", after a call on x of shape {tuple(x.shape)}"
+
+
+def _check_layer_gradients(CausalSelfAttention, because: str) -> None:
+    """A training step through the learner's layer (float64): the gradients of its four parameters and of its
+    input must be those of torch's multi-head attention with the same weights."""
+    C, H = 12, 3
+    layer, w = _layer(CausalSelfAttention, C, H, seed=130, dtype=torch.float64)
+    x, r = _randn(2, 5, C, seed=131, dtype=torch.float64), _randn(2, 5, C, seed=132, dtype=torch.float64)
+    with torch.enable_grad():
+        params = {name: t.clone().requires_grad_(True) for name, t in w.items()}
+        xr = x.clone().requires_grad_(True)
+        want = _oracle_layer(params, xr, H)
+        dx, *grads = _oracle_gradients(want, r, [xr, *params.values()])
+    _check_gradients(layer, (x,), want_out=want.detach(), want_inputs={0: ("x", dx)},
+                     want_params=dict(zip(params, grads)), weight=r, no_graph=LAYER_GRAPH, because=because,
+                     label=f"CausalSelfAttention({C}, {H}).double() on a float64 x of shape {tuple(x.shape)} that "
+                           "requires grad")
 
 
 def _check_split_merge(layer, x, C, H):
@@ -499,25 +698,26 @@ def _check_split_merge(layer, x, C, H):
              "where split_heads takes them from", hint)
 
 
-def _check_no_peeking(layer, x, y, C, H, seed):
+def _check_no_peeking(layer, x, y, C, H, seed, because: str = ""):
     B, T, _ = x.shape
+    label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}"
     for t in NO_PEEKING_AFTER:
         if t >= T - 1:
             continue
         x2 = x.clone()
         x2[:, t + 1:] = _randn(B, T - t - 1, C, seed=seed + t, scale=3)
-        y2 = call(layer, x2, label=f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}")
+        y2 = call(layer, x2, label=label, hint=because)
+        _tensor(label, y2, x, because=because)
         changed = (y2[:, :t + 1] - y[:, :t + 1]).abs().amax(dim=(0, 2)) > ATOL
         if changed.any():
             p = int(changed.nonzero()[0])
             fail(f"CausalSelfAttention({C}, {H}) peeks ahead: changing the inputs after position {t} changed "
-                 f"the output at position {p}",
-                 _broken_helpers("forward", LAYER_HELPERS)
-                 or "position p may only read positions 0 .. p: pass the causal mask to attention")
+                 f"the output at position {p}", _also(PEEKING, because))
 
 
-def _layer_mistake(w, x, y, H) -> str:
-    """``w``: the layer's weights, {name: tensor}; its c_attn and c_proj are nn.Linear layers holding them."""
+def _layer_mistake(w, x, y, H, because: str = "") -> str:
+    """``w``: the layer's weights, {name: tensor}; its c_attn and c_proj are nn.Linear layers holding them. The
+    steps in general when no known mistake matches and no function that forward uses fails (``because`` empty)."""
     B, T, C = x.shape
     c_attn = lambda t: F.linear(t, w["c_attn.weight"], w["c_attn.bias"])  # noqa: E731
     c_proj = lambda t: F.linear(t, w["c_proj.weight"], w["c_proj.bias"])  # noqa: E731
@@ -551,21 +751,5 @@ def _layer_mistake(w, x, y, H) -> str:
                 return hint
         except RuntimeError:
             continue
-    return _broken_helpers("forward", LAYER_HELPERS) or (
-        "the steps: q, k, v = c_attn(x) split in three; split_heads; causal attention; merge_heads; c_proj")
-
-
-def _broken_helpers(fn: str, names) -> str:
-    """Name the learner's functions among ``names`` that ``fn`` (the learner's function of that name) calls and
-    that failed their own test cells earlier in the notebook (``test_<name>``): a mistake there is the one to
-    fix first."""
-    broken = []
-    for name in names:
-        verdict = earlier(f"test_{name}")
-        if verdict is not None and verdict.status in ("failed", "unfinished"):
-            broken.append(name)
-    if not broken:
-        return ""
-    if len(broken) == 1:
-        return f"{fn} uses your {broken[0]}, which fails its own test above: fix that first"
-    return f"{fn} uses your {' and '.join(broken)}, which fail their own tests above: fix those first"
+    return "" if because else \
+        "the steps: q, k, v = c_attn(x) split in three; split_heads; causal attention; merge_heads; c_proj"

@@ -1,11 +1,12 @@
 """Helpers of chapter 3 (masked attention), run next to the learner's code: a call that reports whether it changed
-its tensor arguments in place (the caller's tensors are on that side). No answers here: the judge computes those.
+its tensor arguments in place (the caller's tensors are on that side), and a forward and backward pass whose
+gradients are computed there. No answers here: the judge computes those.
 
 This runs where ``minigpt.attention`` cannot be imported: torch and the learner's objects only.
 """
 from __future__ import annotations
 
-__all__ = ["run"]
+__all__ = ["run", "gradients"]
 
 
 def run(fn, *args, **kwargs):
@@ -17,3 +18,41 @@ def run(fn, *args, **kwargs):
     out = fn(*args, **kwargs)
     changed = [b is not None and not torch.equal(a, b) for a, b in zip(args, before)]
     return out, changed
+
+
+def gradients(fn, args: list, weight, pick=None, kwargs=None) -> dict:
+    """A forward and backward pass as training runs them: every floating-point tensor of ``args`` requires grad,
+    ``out = fn(*args, **kwargs)`` runs with gradients on (whatever the notebook set), ``out[pick]`` when ``pick``
+    is given (attention returns a pair), then the gradients of ``(out * weight).sum()`` with respect to those
+    arguments and to ``fn``'s parameters (a module's), by ``torch.autograd.grad``: nothing accumulates in ``.grad``.
+
+    {"output": out (detached), "requires_grad": whether out carries a gradient, "inputs": [each argument's
+    gradient, or None], "params": {name: gradient or None}}; only "output" when ``out`` is not a tensor of
+    ``weight``'s shape (the judge says what is wrong with it)."""
+    import torch
+
+    kwargs = kwargs or {}
+    with torch.enable_grad():
+        args = [a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                else a for a in args]
+        out = fn(*args, **kwargs)
+        if pick is not None:
+            if not isinstance(out, (tuple, list)) or len(out) <= pick:
+                return {"output": out}
+            out = out[pick]
+        if not isinstance(out, torch.Tensor) or out.shape != weight.shape:
+            return {"output": out}
+        named = list(fn.named_parameters()) if isinstance(fn, torch.nn.Module) else []
+        answer = {"output": out.detach(), "requires_grad": out.requires_grad,
+                  "inputs": [None] * len(args), "params": {name: None for name, _ in named}}
+        wrt_args = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        wrt_params = [(name, p) for name, p in named if p.requires_grad]
+        if not out.requires_grad or not (wrt_args or wrt_params):
+            return answer
+        grads = torch.autograd.grad((out * weight).sum(), [args[i] for i in wrt_args] + [p for _, p in wrt_params],
+                                    allow_unused=True)
+    for i, grad in zip(wrt_args, grads):
+        answer["inputs"][i] = grad
+    for (name, _), grad in zip(wrt_params, grads[len(wrt_args):]):
+        answer["params"][name] = grad
+    return answer
