@@ -11,10 +11,13 @@ from submissions.grading import hidden_check_tests, nbgrader_tests
 
 TEST_CELLS = ["test_layer_norm", "test_mlp", "test_block", "test_gpt"]
 SOLUTION_IDS = ["layer_norm", "mlp", "block", "gpt"]
-# One mistake in each part, the ones the course most wants caught, and two ways of writing it right.
+# One mistake in each part, the ones the course most wants caught, one of each class of issue 12 (the window,
+# dtypes, numeric range, gradients: a bug charged in every cell that uses it), and three ways of writing it right.
 GRADED_MUTANTS = ["ln-unbiased-variance", "ln-eps-outside-sqrt", "gelu-exact-erf", "mlp-no-activation",
-                  "block-post-norm", "block-no-mlp-residual", "gpt-no-ln-f", "gpt-untied-head"]
-GRADED_VARIANTS = ["torch-built-ins", "modules"]
+                  "block-post-norm", "block-no-mlp-residual", "gpt-no-ln-f", "gpt-untied-head",
+                  "gpt-positions-by-hand", "gelu-upcast-float32", "gelu-tanh-by-exp", "gpt-no-grad",
+                  "ln-detached-stats"]
+GRADED_VARIANTS = ["torch-built-ins", "modules", "upcast-stable-exp"]
 
 globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS, mutants=GRADED_MUTANTS, variants=GRADED_VARIANTS))
 globals().update(hidden_check_tests(ch))

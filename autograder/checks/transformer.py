@@ -3,7 +3,15 @@
 The oracles are external: `torch.nn.functional.layer_norm`, `F.gelu(approximate="tanh")`, and Hugging Face
 `transformers`' GPT2Block and GPT2LMHeadModel with random weights, saved to a temporary folder and loaded
 with the learner's `GPT.from_pretrained`. Inputs are ones the learner's visible tests do not use: other
-widths, eps values, 2-D and 4-D inputs, one position (T = 1) and a full context (T = block_size).
+widths, eps values, 1-D, 2-D and 4-D inputs, one position (T = 1), a full context (T = block_size) and one
+position more (a ValueError naming block_size), ids of every integer dtype that chapter 2's Embeddings takes,
+LayerNorm inputs far from 0 (mean(x^2) - mean^2 cancels there) and gelu inputs up to 1e4 (exp overflows).
+
+Each part then takes a training step, as chapter 8 will: the learner's module in float64 (``.double()``) on a
+float64 input, on the learner's side with gradients on; its output must be float64, and the gradients of a loss
+on it with respect to its input and every parameter must be the oracle's (``torch.autograd.grad`` on both sides,
+float64, to 1e-5 of the largest). A forward under ``torch.no_grad()``, a ``.detach()`` of the mean, a detour
+through numpy or an exp that overflows in the backward pass all keep the values and lose these points.
 
 The checks test what the code computes, never how. torch's own `F.layer_norm` inside `LayerNorm` and
 `F.gelu(x, approximate="tanh")` get full marks: the notebook asks for the formula by hand, for the sake of
@@ -14,17 +22,20 @@ When the result is wrong, a check computes what each known mistake would have re
 and weights (from the oracle's parts) and names the one that matches. In `Block` and `GPT` it first checks
 the parts the learner wrote earlier in the chapter, so that a wrong `LayerNorm` is reported as that and
 not as a wrong block, and a part that belongs to chapter 2 or 3 (`Embeddings`, `CausalSelfAttention`) is
-named as such.
+named as such; where the parts cannot be told apart that way (a dtype, a gradient), the message says which earlier
+test cell of the notebook fails (``judge.because_of``), so that one mistake is explained once.
 
 The learner's classes are stand-ins (``autograder.judge.Remote``): they are built and run where the notebook runs,
 and their weights are sent there as plain tensors (``load_state_dict``). The Hugging Face models, the inputs and
 the expected values are built here, each from a seed of its own (``torch.Generator``, or ``seeded`` around the
 Hugging Face constructors, which draw from torch's global generator). The helpers that must run next to the
-learner's code (a call that reports whether it changed its input, a checkpoint folder for
-``GPT.from_pretrained``, the files of ``GPT.save_pretrained``) are in ``autograder.helpers.transformer``.
+learner's code (a call that reports whether it changed its input, a forward and backward pass that sends back
+the gradients, a checkpoint folder for ``GPT.from_pretrained``, the files of ``GPT.save_pretrained``) are in
+``autograder.helpers.transformer``.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -36,8 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from autograder.helpers.transformer import CHECKPOINT_FILES
-from autograder.judge import ask, cell, learner_side, seeded, type_of
-from coursekit.testing import call, describe_call, describe_error, fail, quiet_transformers, show
+from autograder.judge import ask, because_of, cell, learner_side, seeded, type_of
+from coursekit.testing import call, describe_call, describe_error, fail, not_written, quiet_transformers, show
 
 # float32 throughout; logits to 1e-4 as the notebook's visible test asks.
 ATOL = 1e-5
@@ -55,16 +66,26 @@ def _shape(x) -> str:
 
 
 def _output(got, want: torch.Tensor, label: str, atol: float = ATOL) -> float | None:
-    """None when ``got`` is ``want`` to within ``atol``; inf when its shape differs; else the largest difference.
-    Fails at once when ``got`` is not a tensor."""
+    """None when ``got`` is ``want`` to within ``atol``; inf when its shape differs; nan when it holds nan or inf
+    where ``want`` is finite; else the largest difference. Fails at once when ``got`` is not a tensor."""
     if not isinstance(got, torch.Tensor):
         fail(f"{label} returned {type_of(got)}, expected a tensor of shape {_shape(want)}",
              "return the tensor itself, not a tuple (no loss, no extra outputs)" if isinstance(got, (tuple, list))
              else "")
     if got.shape != want.shape:
         return float("inf")
-    diff = (got.detach().float() - want).abs().max().item() if got.numel() else 0.0
+    if not got.numel():
+        return None
+    got = got.detach().to(want.dtype)
+    if (~torch.isfinite(got) & torch.isfinite(want)).any():
+        return float("nan")
+    diff = (got - want).abs().max().item()
     return None if diff <= atol + 1e-5 * want.abs().max().item() else diff
+
+
+def _by(diff: float) -> str:
+    """How far a result is off, for a message: "by up to 1.23e-02", or the nan or inf it holds."""
+    return "with nan or inf where the expected values are finite" if math.isnan(diff) else f"by up to {diff:.2e}"
 
 
 def _matching(got: torch.Tensor, candidates, atol: float = ATOL) -> str:
@@ -79,23 +100,109 @@ def _matching(got: torch.Tensor, candidates, atol: float = ATOL) -> str:
     return ""
 
 
-def _run(fn, x: torch.Tensor, name: str, transpose: tuple[int, int] | None = None):
-    """``fn(x)`` on the learner's side, without gradients, described as ``name(x)`` if it fails. With
-    ``transpose``, ``x`` is sent as it is and ``fn`` gets ``x.transpose(*transpose)`` there, a view that is not
-    contiguous. Returns ``(what came back, whether the call changed its input in place)``."""
+def _run(fn, x: torch.Tensor, name: str, transpose: tuple[int, int] | None = None, hint: str = ""):
+    """``fn(x)`` on the learner's side, without gradients, described as ``name(x)`` if it fails (with ``hint``).
+    With ``transpose``, ``x`` is sent as it is and ``fn`` gets ``x.transpose(*transpose)`` there, a view that is
+    not contiguous. Returns ``(what came back, whether the call changed its input in place)``."""
     label = describe_call(name, (x if transpose is None else x.transpose(*transpose),))
     with learner_side(no_grad=True):
-        answer = call(ask, "transformer.run", fn, x, transpose, label=label)
+        answer = call(ask, "transformer.run", fn, x, transpose, label=label, hint=hint)
     if not isinstance(answer, tuple) or len(answer) != 2 or not isinstance(answer[1], bool):
         fail(f"{label}: the notebook's side answered {type_of(answer)}, not what the grader asked for")
     return answer
 
 
-def _unchanged(changed: bool, label: str) -> None:
+def _unchanged(changed: bool, label: str, because: str = "") -> None:
     if changed:
         fail(f"{label} changed its input in place",
-             "compute new tensors (x = x + ..., not x += ...; x - mean, not x.sub_(mean)): the caller's tensor "
-             "must stay as it was, and training needs it unchanged to compute gradients")
+             _also("compute new tensors (x = x + ..., not x += ...; x - mean, not x.sub_(mean)): the caller's tensor "
+                   "must stay as it was, and training needs it unchanged to compute gradients", because))
+
+
+def _also(hint: str, because: str) -> str:
+    """A hint, and the note of ``judge.because_of`` (which earlier cell's function this one uses fails)."""
+    return "; ".join(part for part in (hint, because) if part)
+
+
+# ---------------------------------------------------------------- float64, and a training step
+
+GRAD_RTOL = 1e-5  # float64 throughout; a float32 step inside the learner's code still passes
+NO_GRAPH = ("no torch.no_grad(), .detach(), .item()/.tolist() or numpy inside forward: chapter 8 trains this "
+            "model by backpropagating a loss through this very forward pass")
+
+
+def _oracle_gradients(out: torch.Tensor, weight: torch.Tensor, x: torch.Tensor | None,
+                      params: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The oracle's gradients of ``(out * weight).sum()`` with respect to ``x`` (None: not asked) and ``params``
+    (``torch.autograd.grad``: nothing is accumulated in the oracle's ``.grad``, which threads share)."""
+    wrt = ([x] if x is not None else []) + list(params.values())
+    grads = list(torch.autograd.grad((out * weight).sum(), wrt))
+    dx = grads.pop(0) if x is not None else None
+    return dx, dict(zip(params, grads))
+
+
+def _far(got, want: torch.Tensor) -> float | None:
+    """None when the tensor ``got`` is ``want`` to ``GRAD_RTOL`` of its largest value; else how far it is."""
+    got = got.detach().double()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    diff = (got - want).abs().max().item() if want.numel() else 0.0
+    return None if diff <= GRAD_RTOL * (1.0 + want.abs().max().item()) else diff
+
+
+def _check_training_step(fn, x: torch.Tensor, want: torch.Tensor, what: str, label: str, *,
+                         want_dx: torch.Tensor | None, want_grads: dict[str, torch.Tensor], weight: torch.Tensor,
+                         hint: str = "", because: str = "") -> None:
+    """``fn`` (float64 parameters) on the float64 ``x`` with gradients on, on the learner's side; the output must
+    be float64, equal ``want`` (``what`` computes it), carry a gradient, and the gradients of
+    ``(out * weight).sum()`` with respect to ``x`` (``want_dx``; None for ids) and to the parameters
+    (``want_grads``, by the learner's names) must be the oracle's."""
+    with learner_side(no_grad=False):
+        answer = call(ask, "transformer.gradients", fn, x, weight, label=label, hint=because)
+    if not isinstance(answer, dict) or "output" not in answer:
+        fail(f"{label}: the notebook's side answered {type_of(answer)}, not what the grader asked for")
+    got = answer["output"]
+    diff = _output(got, want, label, atol=1e-5)
+    if diff == float("inf"):
+        fail(f"{label} returned shape {_shape(got)}, expected {tuple(want.shape)}", _also(hint, because))
+    if got.dtype != torch.float64:
+        fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} tensor, expected float64 like its "
+             f"{' and '.join(p for p, on in (('input', want_dx is not None), ('parameters', want_grads)) if on)}",
+             _also("keep the input's dtype: no .float() or dtype=torch.float32 inside forward; a tensor made "
+                   "there takes x's dtype (torch.zeros(..., dtype=x.dtype))", because))
+    if diff is not None:
+        fail(f"{label} differs from {what} {_by(diff)}", _also(hint, because))
+    if answer.get("requires_grad") is not True:
+        needing = " and ".join(part for part, asked in (("its parameters", want_grads),
+                                                        ("its input", want_dx is not None)) if asked)
+        fail(f"{label}: its output carries no gradient (out.requires_grad is False, although {needing} "
+             f"require{'s' if needing == 'its input' else ''} grad), so no loss on it can train the model",
+             _also(NO_GRAPH, because))
+    params = answer.get("params") if isinstance(answer.get("params"), dict) else {}
+    wanted = ([("its input", answer.get("input"), want_dx)] if want_dx is not None else []) + \
+        [(name, params.get(name), grad) for name, grad in want_grads.items()]
+    missing = [name for name, got_grad, _ in wanted if not isinstance(got_grad, torch.Tensor)]
+    if missing:
+        fail(f"{label}: no gradient reaches {', '.join(missing[:4])}"
+             f"{f' (and {len(missing) - 4} more)' if len(missing) > 4 else ''} from a loss on its output",
+             _also(NO_GRAPH, because))
+    wrong = []
+    for name, got_grad, grad in wanted:
+        if got_grad.shape != grad.shape:
+            wrong.append((name, f"has shape {tuple(got_grad.shape)}, not {tuple(grad.shape)}"))
+        elif (far := _far(got_grad, grad)) is not None:
+            wrong.append((name, f"holds nan or inf where {what}'s is finite" if math.isnan(far) else
+                          f"differs from {what}'s by up to {far:.2e}"))
+    if wrong:
+        name, how = wrong[0]
+        count = f" ({len(wrong)} of the {len(wanted)} gradients differ)" if len(wanted) > 1 else ""
+        fail(f"{label}: the output is right but its gradients are not: the gradient of sum(out * r) with respect to "
+             f"{name} {how}{count}",
+             _also("an exp that overflows in the backward pass (inf / inf is nan) does that even where the values "
+                   "come out right: keep exp to numbers <= 0, or use torch.tanh or torch.sigmoid"
+                   if "nan or inf" in how else
+                   "a .detach() or torch.no_grad() around part of the computation (the mean, the variance, a "
+                   "layer) keeps the values and cuts the gradient through it", because))
 
 
 # ---------------------------------------------------------------- LayerNorm
@@ -107,6 +214,15 @@ LN_CASES = [  # (C, eps, input shape, scale, offset): means and scales far from 
     (6, 1e-5, (2, 3, 4, 6), 0.003, 0.0),    # 4-D input; variance 1e-5, as large as eps
     (32, 1e-6, (3, 5, 32), 1.0, 1.0),       # a non-contiguous input (a transposed tensor)
 ]
+FAR_FROM_ZERO = ("your LayerNorm is right for inputs near 0 but not for these, whose mean is 300: mean(x^2) - "
+                 "mean^2 subtracts two numbers near 90,000 that agree in all but their last digits, and float32 "
+                 "loses what is left; compute the variance from the centred values, ((x - mean)^2).mean(-1), or "
+                 "x.var(-1, unbiased=False)")
+LN_EDGE_CASES = [  # (C, eps, input shape, scale, offset, atol, note when only this case fails)
+    (9, 1e-5, (9,), 3.0, 1.0, ATOL, ""),                    # one position alone: a 1-D input
+    (64, 1e-5, (3, 7, 64), 1.0, 300.0, 1e-3, FAR_FROM_ZERO),  # correct ways agree to 1e-4; mean(x^2) - mean^2: 5e-2
+]
+LN_FLOAT64 = (12, 1e-3, (2, 3, 12))  # C, eps, input shape: float64 weights and input, then a training step
 
 
 def _ln_mistakes(x, w, b, eps):
@@ -164,12 +280,14 @@ def _load_parameters(module, state_dict: dict[str, torch.Tensor], name: str, hin
 
 @cell("test_layer_norm")
 def check_layer_norm(LayerNorm):
-    for k, (C, eps, shape, scale, offset) in enumerate(LN_CASES):
-        g = _generator(400 + k)
+    cases = [(400 + k, *case, ATOL, "") for k, case in enumerate(LN_CASES)] + \
+        [(470 + k, *case) for k, case in enumerate(LN_EDGE_CASES)]
+    for seed, C, eps, shape, scale, offset, atol, note in cases:
+        g = _generator(seed)
         weight = torch.empty(C).uniform_(0.5, 1.5, generator=g)
         bias = torch.empty(C).uniform_(-1.0, 1.0, generator=g)
         transpose = None
-        if k == len(LN_CASES) - 1:  # a non-contiguous input: the transpose of this, taken on the learner's side
+        if seed == 400 + len(LN_CASES) - 1:  # non-contiguous: the transpose of this, taken on the learner's side
             sent = torch.randn(*reversed(shape), generator=g) * scale + offset
             transpose = (0, -1)
             x = sent.transpose(*transpose)
@@ -188,15 +306,36 @@ def check_layer_norm(LayerNorm):
                                "against x, whatever the number of dims")
             raise
         _unchanged(changed, label)
-        want = F.layer_norm(x, (C,), weight, bias, eps)
-        diff = _output(got, want, label)
+        want = F.layer_norm(x.double(), (C,), weight.double(), bias.double(), eps).float()
+        diff = _output(got, want, label, atol=atol)
         if diff is None:
             continue
         if diff == float("inf"):
             fail(f"{label} returned shape {_shape(got)}, expected {tuple(shape)}",
                  "LayerNorm keeps the shape of its input: keepdim=True on the mean and variance")
-        fail(f"{label} differs from F.layer_norm by up to {diff:.2e}",
-             _matching(got, _ln_mistakes(x, weight, bias, eps)))
+        fail(f"{label} differs from F.layer_norm {_by(diff)}",
+             _matching(got, _ln_mistakes(x, weight, bias, eps)) or note)
+    _check_layer_norm_training(LayerNorm)
+
+
+def _check_layer_norm_training(LayerNorm) -> None:
+    C, eps, shape = LN_FLOAT64
+    g = _generator(479)
+    weight = torch.empty(C, dtype=torch.float64).uniform_(0.5, 1.5, generator=g)
+    bias = torch.empty(C, dtype=torch.float64).uniform_(-1.0, 1.0, generator=g)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64) * 2 + 1
+    r = torch.randn(*shape, generator=g, dtype=torch.float64)
+    name = f"LayerNorm({C}, eps={eps}).double()"
+    ln = call(call(LayerNorm, C, eps, name="LayerNorm").double, name=f"LayerNorm({C}, eps={eps}).double")
+    _load_parameters(ln, {"weight": weight, "bias": bias}, name,
+                     "keep the learned scale and shift as given, self.weight and self.bias, of shape (C,)")
+    with torch.enable_grad():
+        xr, params = x.clone().requires_grad_(True), {"weight": weight.clone().requires_grad_(True),
+                                                       "bias": bias.clone().requires_grad_(True)}
+        want = F.layer_norm(xr, (C,), params["weight"], params["bias"], eps)
+        want_dx, want_grads = _oracle_gradients(want, r, xr, params)
+    _check_training_step(ln, x, want.detach(), "F.layer_norm", f"{name} on a float64 input of shape {shape}",
+                         want_dx=want_dx, want_grads=want_grads, weight=r)
 
 
 # ---------------------------------------------------------------- gelu
@@ -221,25 +360,50 @@ def _gelu_mistakes(x):
     ]
 
 
+GELU_LARGE = [-1e4, -100.0, -30.0, -12.0, 12.0, 20.0, 30.0, 100.0, 1e4]  # exp(2z) overflows float32 from x = 10.3
+GELU_OVERFLOW = ("for large |x|, exp overflows to inf and inf / inf is nan: use torch.tanh, which saturates at -1 "
+                 "and 1, or a form in which exp only meets numbers <= 0")
+
+
 def check_gelu(gelu):
     g = _generator(410)
     inputs = [(torch.linspace(-8.0, 8.0, 1601), None), (torch.randn(3, 4, 5, generator=g) * 3, None),
-              (torch.tensor([0.0, -1e-3, 1e-3]), None), (torch.randn(7, 3, generator=g), (0, 1))]  # the last: x.t()
+              (torch.tensor([0.0, -1e-3, 1e-3]), None), (torch.tensor(GELU_LARGE), None), (torch.empty(0), None),
+              (torch.randn(7, 3, generator=g), (0, 1))]  # the last: x.t()
     for sent, transpose in inputs:
         x = sent if transpose is None else sent.transpose(*transpose)
         label = f"gelu on an input of shape {tuple(x.shape)}"
         got, changed = _run(gelu, sent, "gelu", transpose)
         _unchanged(changed, label)
-        want = F.gelu(x, approximate="tanh")
+        want = F.gelu(x.double(), approximate="tanh").float()
         diff = _output(got, want, label)
         if diff is None:
             continue
         if diff == float("inf"):
             fail(f"{label} returned shape {_shape(got)}, expected {tuple(x.shape)}",
                  "gelu works element by element: the output has the input's shape")
-        worst = (got - want).abs().argmax()
+        if math.isnan(diff):
+            bad = (~torch.isfinite(got.detach().float()) & torch.isfinite(want)).flatten().nonzero()[0].item()
+            fail(f"{label} returned {got.flatten()[bad].item()} at x = {x.flatten()[bad].item():g}, where "
+                 f"F.gelu(x, approximate='tanh') is {want.flatten()[bad].item():g}", GELU_OVERFLOW)
+        worst = (got.detach().float() - want).abs().argmax()
         fail(f"{label} differs from F.gelu(x, approximate='tanh') by up to {diff:.2e} "
              f"(at x = {x.flatten()[worst].item():.3f})", _matching(got, _gelu_mistakes(x)))
+    _check_gelu_training(gelu)
+
+
+def _check_gelu_training(gelu) -> None:
+    g = _generator(480)
+    x = torch.cat([torch.linspace(-6.0, 6.0, 25, dtype=torch.float64), torch.tensor(GELU_LARGE, dtype=torch.float64),
+                   torch.randn(20, generator=g, dtype=torch.float64) * 3])
+    r = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    with torch.enable_grad():
+        xr = x.clone().requires_grad_(True)
+        want = F.gelu(xr, approximate="tanh")
+        want_dx, _ = _oracle_gradients(want, r, xr, {})
+    _check_training_step(gelu, x, want.detach(), "F.gelu(x, approximate='tanh')",
+                         f"gelu on a float64 input of shape {tuple(x.shape)} that requires grad",
+                         want_dx=want_dx, want_grads={}, weight=r, hint=GELU_OVERFLOW)
 
 
 # ---------------------------------------------------------------- MLP
@@ -293,8 +457,28 @@ def check_mlp(MLP):
         if diff == float("inf"):
             fail(f"{label} returned shape {_shape(got)}, expected {shape}",
                  "c_fc widens C to 4C, gelu keeps the shape, c_proj brings 4C back to C")
-        fail(f"{label} differs from c_proj(gelu(c_fc(x))) by up to {diff:.2e}",
+        fail(f"{label} differs from c_proj(gelu(c_fc(x))) {_by(diff)}",
              _matching(got, _mlp_mistakes(w, x), atol=1e-4))
+    _check_mlp_training(MLP)
+
+
+def _check_mlp_training(MLP) -> None:
+    C, shape = 6, (2, 3, 6)
+    g = _generator(481)
+    w = {name: t.double() for name, t in _mlp_weights(C, g).items()}
+    x = torch.randn(*shape, generator=g, dtype=torch.float64) * 2
+    r = torch.randn(*shape, generator=g, dtype=torch.float64)
+    mlp = call(call(MLP, C, name="MLP").double, name=f"MLP({C}).double")
+    _load_parameters(mlp, w, f"MLP({C}).double()", "keep the layers as given: c_fc, nn.Linear(C, 4C), and c_proj, "
+                     "nn.Linear(4C, C)")
+    with torch.enable_grad():
+        xr, params = x.clone().requires_grad_(True), {n: t.clone().requires_grad_(True) for n, t in w.items()}
+        want = F.linear(F.gelu(F.linear(xr, params["c_fc.weight"], params["c_fc.bias"]), approximate="tanh"),
+                        params["c_proj.weight"], params["c_proj.bias"])
+        want_dx, want_grads = _oracle_gradients(want, r, xr, params)
+    _check_training_step(mlp, x, want.detach(), "c_proj(gelu(c_fc(x)))",
+                         f"MLP({C}).double() on a float64 input of shape {shape}", want_dx=want_dx,
+                         want_grads=want_grads, weight=r)
 
 
 @cell("test_mlp")
@@ -342,6 +526,17 @@ def _hf_block(C: int, n_head: int, block_size: int, eps: float, seed: int):
         hf_block = GPT2Block(_hf_config(50, block_size, 2, n_head, C, eps)).eval()
         _randomise(hf_block)
     return hf_block
+
+
+_FLOAT64: dict[int, torch.nn.Module] = {}
+
+
+def _float64(hf: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of the oracle ``hf``, made once (the oracles live as long as the process)."""
+    with _BUILD:
+        if id(hf) not in _FLOAT64:
+            _FLOAT64[id(hf)] = copy.deepcopy(hf).double()
+        return _FLOAT64[id(hf)]
 
 
 def _block_state_dict(hf_block) -> dict[str, torch.Tensor]:
@@ -430,31 +625,42 @@ def _load(module, state_dict, name: str) -> None:
     try:
         module.load_state_dict(state_dict)
     except Exception as err:  # noqa: BLE001
-        fail(f"Hugging Face's GPT-2 weights do not load into {name}: {err}",
+        fail(f"Hugging Face's GPT-2 weights do not load into {name}: {describe_error(err)}",
              "keep GPT-2's names and shapes (ln_1, attn, ln_2, mlp with c_fc and c_proj), as given")
+
+
+BLOCK_USES = {"LayerNorm": "test_layer_norm", "MLP": "test_mlp"}  # the learner's parts a Block is made of
 
 
 @cell("test_block")
 def check_block(Block, GPTConfig):
+    because = because_of(**BLOCK_USES)
     with torch.no_grad(), learner_side(no_grad=True):
-        _check_block(Block, GPTConfig)
+        _check_block(Block, GPTConfig, because)
+    _check_block_training(Block, GPTConfig, BLOCK_CONFIGS[0], seed=430, because=because)
 
 
-def _check_block(Block, GPTConfig):
+def _new_block(Block, GPTConfig, C, n_head, block_size, eps, seed):
+    """The learner's Block of this shape with Hugging Face's weights: (the block, its name, the oracle)."""
+    config = call(GPTConfig, vocab_size=50, block_size=block_size, n_layer=2, n_head=n_head, n_embd=C,
+                  layer_norm_epsilon=eps, name="GPTConfig")
+    name = f"Block(GPTConfig(n_embd={C}, n_head={n_head}, layer_norm_epsilon={eps}))"
+    block = call(Block, config, name="Block")
+    hf_block = _hf_block(C, n_head, block_size, eps, seed=seed)
+    _load(block, _block_state_dict(hf_block), name)
+    call(block.eval, name=f"{name}.eval")
+    return block, name, hf_block
+
+
+def _check_block(Block, GPTConfig, because: str):
     for k, (C, n_head, block_size, eps) in enumerate(BLOCK_CONFIGS):
-        config = call(GPTConfig, vocab_size=50, block_size=block_size, n_layer=2, n_head=n_head, n_embd=C,
-                      layer_norm_epsilon=eps, name="GPTConfig")
-        name = f"Block(GPTConfig(n_embd={C}, n_head={n_head}, layer_norm_epsilon={eps}))"
-        block = call(Block, config, name="Block")
-        hf_block = _hf_block(C, n_head, block_size, eps, seed=430 + k)
-        _load(block, _block_state_dict(hf_block), name)
-        call(block.eval, name=f"{name}.eval")
+        block, name, hf_block = _new_block(Block, GPTConfig, C, n_head, block_size, eps, seed=430 + k)
         g = _generator(435 + k)
         for B, T in ((2, block_size), (1, 1), (3, 5)):
             x = torch.randn(B, T, C, generator=g) * 2 + 0.5
             label = f"{name} on an input of shape {(B, T, C)}"
-            got, changed = _run(block, x, name)
-            _unchanged(changed, label)
+            got, changed = _run(block, x, name, hint=because)
+            _unchanged(changed, label, because)
             want = hf_block(x)
             want = want[0] if isinstance(want, tuple) else want
             diff = _output(got, want, label, atol=1e-4)
@@ -462,11 +668,37 @@ def _check_block(Block, GPTConfig):
                 continue
             if diff == float("inf"):
                 fail(f"{label} returned shape {_shape(got)}, expected {(B, T, C)}",
-                     "a block keeps the shape (B, T, C): the residual stream goes in and comes out")
+                     _also("a block keeps the shape (B, T, C): the residual stream goes in and comes out", because))
             hint = _block_parts_mistake(block, hf_block, x, "Block.") or \
-                _matching(got, _block_mistakes(hf_block, x), atol=1e-4)
-            fail(f"{label} differs from Hugging Face's GPT2Block with the same weights by up to {diff:.2e}",
-                 hint)
+                _also(_matching(got, _block_mistakes(hf_block, x), atol=1e-4), because)
+            fail(f"{label} differs from Hugging Face's GPT2Block with the same weights {_by(diff)}", hint)
+
+
+def _hf_gradients(hf, out, weight, x, rename) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The gradients of ``(out * weight).sum()`` with respect to ``x`` and to the parameters of the Hugging Face
+    module ``hf``, under minigpt's names (``rename``) and layouts (Conv1D weights transposed)."""
+    params = {rename(name): p for name, p in hf.named_parameters()}
+    dx, grads = _oracle_gradients(out, weight, x, params)
+    return dx, {name: g.t() if name.endswith(_CONV1D) else g for name, g in grads.items()}
+
+
+def _check_block_training(Block, GPTConfig, block_config, seed: int, because: str) -> None:
+    C, n_head, block_size, eps = block_config
+    with torch.no_grad(), learner_side(no_grad=True):
+        block, name, _ = _new_block(Block, GPTConfig, C, n_head, block_size, eps, seed=seed)
+        block = call(block.double, name=f"{name}.double")
+    hf64 = _float64(_hf_block(C, n_head, block_size, eps, seed=seed))
+    g = _generator(482)
+    x = torch.randn(2, block_size, C, generator=g, dtype=torch.float64) * 2 + 0.5
+    r = torch.randn(2, block_size, C, generator=g, dtype=torch.float64)
+    with torch.enable_grad():
+        xr = x.clone().requires_grad_(True)
+        want = hf64(xr)
+        want = want[0] if isinstance(want, tuple) else want
+        want_dx, want_grads = _hf_gradients(hf64, want, r, xr, lambda n: n)
+    _check_training_step(block, x, want.detach(), "Hugging Face's GPT2Block",
+                         f"{name}.double() on a float64 input of shape {tuple(x.shape)}", want_dx=want_dx,
+                         want_grads=want_grads, weight=r, because=because)
 
 
 # ---------------------------------------------------------------- GPT
@@ -553,20 +785,55 @@ def _gpt_parts_mistake(model, hf, idx) -> str:
     """Name a wrong part of the model: its embeddings (chapter 2), a block, or ln_f."""
     t = hf.transformer
     emb = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
-    why = _part_mistake(model.emb, lambda i: emb, idx, "model.emb", "the embeddings are chapter 2's Embeddings "
+    try:
+        parts = model.emb, model.h[0], model.ln_f
+    except Exception:  # noqa: BLE001 (a model without the given parts: the message says what differs, no more)
+        return ""
+    why = _part_mistake(parts[0], lambda i: emb, idx, "model.emb", "the embeddings are chapter 2's Embeddings "
                         "(minigpt.embeddings): fix them there", atol=1e-5)
     if why:
         return why
-    first = model.h[0]
+    first = parts[1]
     why = _block_parts_mistake(first, t.h[0], emb, "model.h[0].")
     if why:
         return why
     why = _part_mistake(first, t.h[0], emb, "model.h[0]", "fix Block first (test_block)", atol=1e-4)
-    return why or _part_mistake(model.ln_f, t.ln_f, emb, "model.ln_f", "fix LayerNorm first (test_layer_norm)",
+    return why or _part_mistake(parts[2], t.ln_f, emb, "model.ln_f", "fix LayerNorm first (test_layer_norm)",
                                 atol=1e-4)
 
 
-def _check_pretrained_logits(GPT, config_args, seed: int) -> None:
+GPT_USES = {"LayerNorm": "test_layer_norm", "MLP": "test_mlp", "Block": "test_block"}
+ID_DTYPES = (torch.int32, torch.int16, torch.int8, torch.uint8)  # tried besides int64, where Embeddings takes them
+IDS = ("ids may be of any integer dtype that chapter 2's Embeddings takes, and self.emb(idx) takes them all; "
+       "nn.Embedding alone takes int64 and int32 only: index wte with idx.long() if you do it by hand")
+WINDOW = ("the model has block_size rows of position embeddings, so more than block_size positions must raise "
+          "ValueError naming block_size: self.emb(idx) does (chapter 2's Embeddings); positions made by hand need "
+          "the check `if T > self.config.block_size: raise ValueError(...)` first")
+
+
+@functools.cache
+def _reference_embeddings(vocab_size: int, block_size: int):
+    """Chapter 2's Embeddings, the course's reference that the notebook imports, of this size (its weights do not
+    matter: it only tells which ids it takes)."""
+    from minigpt.embeddings import Embeddings
+
+    with seeded(0):
+        return Embeddings(vocab_size, block_size, 2)
+
+
+def _embeddings_take(idx: torch.Tensor, vocab_size: int, block_size: int) -> bool:
+    """Whether chapter 2's Embeddings takes these ids (their dtype): what GPT.forward must take too."""
+    try:
+        with torch.no_grad():
+            _reference_embeddings(vocab_size, block_size)(idx)
+    except Exception:  # noqa: BLE001 (ids it refuses)
+        return False
+    return True
+
+
+def _check_pretrained_logits(GPT, config_args, seed: int, because: str = ""):
+    """The learner's GPT loading Hugging Face's checkpoint gives its logits: ids of every shape and dtype, and a
+    window one too long refused. Returns the model (its stand-in)."""
     vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
     hf = _hf_model(config_args, seed)
     shape = f"n_layer={n_layer}, n_head={n_head}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size}"
@@ -577,20 +844,82 @@ def _check_pretrained_logits(GPT, config_args, seed: int) -> None:
     inputs = [torch.randint(0, vocab_size, (2, block_size), generator=g),
               torch.randint(0, vocab_size, (1, 1), generator=g),
               torch.randint(0, vocab_size, (3, 5), generator=g)]
+    small = torch.randint(0, min(vocab_size, 128), (3, 5), generator=g)  # ids that every integer dtype holds
     for idx in inputs:
-        B, T = idx.shape
-        label = f"GPT ({shape}) on ids of shape {(B, T)}"
-        got = call(model, idx, name="GPT.forward")
-        want = _hf_logits(hf, idx)
-        diff = _output(got, want, label, atol=LOGITS_ATOL)
-        if diff is None:
-            continue
-        if diff == float("inf"):
-            fail(f"{label} returned logits of shape {_shape(got)}, expected {(B, T, vocab_size)}",
-                 _gpt_shape_hint(got, B, T, config_args))
-        hint = _gpt_parts_mistake(model, hf, idx) or _matching(got, _gpt_mistakes(hf, idx, want), atol=LOGITS_ATOL)
-        fail(f"{label}: the logits differ from Hugging Face's GPT2LMHeadModel with the same weights by up to "
-             f"{diff:.2e}", hint)
+        _check_logits(model, hf, idx, shape, config_args, because)
+    _check_window(model, shape, vocab_size, block_size, g, because)
+    for dtype in ID_DTYPES:
+        if _embeddings_take(small.to(dtype), vocab_size, block_size):
+            _check_logits(model, hf, small.to(dtype), shape, config_args, because)
+    return model
+
+
+def _check_logits(model, hf, idx: torch.Tensor, shape: str, config_args, because: str) -> None:
+    vocab_size = config_args[0]
+    B, T = idx.shape
+    kind = "" if idx.dtype == torch.int64 else f"{str(idx.dtype).removeprefix('torch.')} "
+    label = f"GPT ({shape}) on {kind}ids of shape {(B, T)}"
+    got = call(model, idx, label=label, hint=_also(IDS if kind else "", because))
+    want = _hf_logits(hf, idx.long())
+    diff = _output(got, want, label, atol=LOGITS_ATOL)
+    if diff is None:
+        return
+    if diff == float("inf"):
+        fail(f"{label} returned logits of shape {_shape(got)}, expected {(B, T, vocab_size)}",
+             _also(_gpt_shape_hint(got, B, T, config_args), because))
+    hint = _gpt_parts_mistake(model, hf, idx.long()) or \
+        _also(_matching(got, _gpt_mistakes(hf, idx.long(), want), atol=LOGITS_ATOL), because)
+    fail(f"{label}: the logits differ from Hugging Face's GPT2LMHeadModel with the same weights {_by(diff)}", hint)
+
+
+def _check_window(model, shape: str, vocab_size: int, block_size: int, g: torch.Generator, because: str) -> None:
+    """One position more than block_size: a ValueError that names block_size."""
+    idx = torch.randint(0, vocab_size, (1, block_size + 1), generator=g)
+    label = f"GPT ({shape}) on ids of shape {(1, block_size + 1)}, one position more than block_size"
+    try:
+        got = model(idx)
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
+    except ValueError as err:
+        if getattr(err, "grader_side", False):
+            raise
+        if "block_size" not in str(err):
+            fail(f"{label} raised {describe_error(err)}, whose message does not name block_size", WINDOW)
+        return
+    except Exception as err:  # noqa: BLE001 (the learner's error, reported with its line)
+        if getattr(err, "grader_side", False):
+            raise
+        fail(f"{label} raised {describe_error(err)}; expected a ValueError naming block_size", _also(WINDOW, because))
+    cropped = isinstance(got, torch.Tensor) and tuple(got.shape) == (1, block_size, vocab_size)
+    fail(f"{label} returned {f'logits of shape {_shape(got)}' if isinstance(got, torch.Tensor) else type_of(got)}; "
+         "expected a ValueError naming block_size",
+         "you cropped idx to its last block_size tokens: cropping is the caller's choice (chapter 5's generation "
+         "loop does it); the model itself refuses a window it has no positions for" if cropped else WINDOW)
+
+
+def _check_gpt_training(model, config_args, seed: int, because: str) -> None:
+    """The model loaded from Hugging Face's checkpoint, in float64: its logits, and the gradients of a loss on them
+    with respect to every parameter (the tied LM head's included, in emb.wte.weight's)."""
+    vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
+    shape = f"n_layer={n_layer}, n_head={n_head}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size}"
+    with torch.no_grad(), learner_side(no_grad=True):
+        model = call(model.double, name="GPT.double")
+    hf64 = _float64(_hf_model(config_args, seed))
+    g = _generator(483)
+    idx = torch.randint(0, vocab_size, (2, block_size), generator=g)
+    r = torch.randn(2, block_size, vocab_size, generator=g, dtype=torch.float64)
+    with torch.enable_grad():
+        want = hf64(idx).logits
+        _, want_grads = _hf_gradients(hf64, want, r, None, _minigpt_name)
+    _check_training_step(model, idx, want.detach(), "Hugging Face's GPT2LMHeadModel",
+                         f"GPT ({shape}).double() on ids of shape {tuple(idx.shape)}", want_dx=None,
+                         want_grads=want_grads, weight=r, because=because)
+
+
+def _minigpt_name(hf_name: str) -> str:
+    """transformer.wte.weight -> emb.wte.weight; transformer.h.0.ln_1.weight -> h.0.ln_1.weight."""
+    name = hf_name.removeprefix("transformer.")
+    return "emb." + name if name.startswith(("wte.", "wpe.")) else name
 
 
 # What GPT.save_pretrained's config.json must say of a model's shape, Hugging Face's names for GPTConfig's fields.
@@ -650,7 +979,8 @@ def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
     diff = _output(got, want, f"GPT({config})", atol=LOGITS_ATOL)
     if diff is None:
         return
-    if ask("transformer.head_is_token_table", model) is False:
+    if call(ask, "transformer.head_is_token_table", model, label="model.lm_head.weight is model.emb.wte.weight") \
+            is False:
         fail(f"GPT({config}): its logits differ by up to {diff:.2e} from the same model saved and loaded in "
              "Hugging Face, whose LM head is the token table",
              "lm_head is not tied to the token table: keep `self.lm_head.weight = self.emb.wte.weight` in "
@@ -661,7 +991,9 @@ def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
 
 @cell("test_gpt")
 def check_gpt(GPT, GPTConfig):
+    because = because_of(**GPT_USES)
     with torch.no_grad(), learner_side(no_grad=True):
-        for k, config_args in enumerate(GPT_CONFIGS):
-            _check_pretrained_logits(GPT, config_args, seed=440 + 10 * k)
+        models = [_check_pretrained_logits(GPT, config_args, seed=440 + 10 * k, because=because)
+                  for k, config_args in enumerate(GPT_CONFIGS)]
         _check_weight_tying(GPT, GPTConfig, GPT_CONFIGS[0], seed=460)
+    _check_gpt_training(models[0], GPT_CONFIGS[0], seed=440, because=because)

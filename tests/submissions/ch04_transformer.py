@@ -4,8 +4,14 @@ names it, and different-but-correct answers, each of which must get full marks.
 Solution cells: `layer_norm` (LayerNorm), `mlp` (gelu and MLP), `block` (Block), `gpt` (GPT, whose forward is
 the learner's). Test cells: test_layer_norm, test_mlp (gelu, then MLP), test_block, test_gpt. A Block is built
 from the learner's LayerNorm and MLP, and a GPT from Blocks and a LayerNorm, so a mistake in a part also costs
-the points of the cells after it; their messages then name the part ("fix LayerNorm first"). The checks use
-eps = 1e-3 in one Block and one GPT config, so eps outside the square root shows there too.
+the points of the cells after it; their messages then name the part ("fix LayerNorm first") or the earlier test
+cell that fails (judge.because_of: "it uses your LayerNorm, which fails its own test (test_layer_norm)"). The
+checks use eps = 1e-3 in one Block and one GPT config, so eps outside the square root shows there too.
+
+Besides the formulas, the checks hold every part to what training needs (issue 12): float64 in, float64 out;
+gradients of a loss on the output equal to the oracle's (a forward under torch.no_grad(), a .detach() or numpy
+loses points); inputs far from 0 and gelu at large |x|; a window of exactly block_size positions, and one more
+refused with a ValueError naming block_size; ids of every integer dtype that chapter 2's Embeddings takes.
 """
 from __future__ import annotations
 
@@ -137,6 +143,101 @@ MUTANTS = [
         (Edit("gpt", "return self.lm_head(self.ln_f(x))", "return self.ln_f(x) @ self.emb.wpe.weight.T"),),
         {"test_gpt": "position table wpe"},
     ),
+    # ---- issue 12: sizes, dtypes, numeric range, gradients
+    Mutant(
+        "gpt-positions-by-hand",
+        "positions by hand, with no check of the window: more than block_size ids hit an IndexError",
+        (Edit("gpt", "x = self.emb(idx)  # (B, T, C)",
+              "x = self.emb.wte(idx) + self.emb.wpe(torch.arange(idx.shape[1], device=idx.device))"),),
+        {"test_gpt": "expected a ValueError naming block_size"},
+    ),
+    Mutant(
+        "gpt-crops-window",
+        "the model crops ids longer than block_size instead of refusing them",
+        (Edit("gpt", "x = self.emb(idx)  # (B, T, C)",
+              "idx = idx[:, -self.config.block_size:]  # keep what fits\n        x = self.emb(idx)"),),
+        {"test_gpt": "you cropped idx"},
+    ),
+    Mutant(
+        "gpt-wte-by-hand",
+        "embeddings by hand (window checked) with nn.Embedding on the ids as they are: int16 and int8 ids fail",
+        (Edit("gpt", "x = self.emb(idx)  # (B, T, C)",
+              "T = idx.shape[1]\n"
+              "        if T > self.config.block_size:\n"
+              "            raise ValueError(f\"{T} positions do not fit in block_size {self.config.block_size}\")\n"
+              "        x = self.emb.wte(idx) + self.emb.wpe(torch.arange(T))"),),
+        {"test_gpt": "int16 ids"},
+    ),
+    Mutant(
+        "gpt-long-ids-only",
+        "GPT.forward refuses ids that are not int64",
+        (Edit("gpt", "x = self.emb(idx)  # (B, T, C)",
+              "if idx.dtype != torch.long:\n"
+              "            raise TypeError(f\"idx must hold int64 ids, got {idx.dtype}\")\n"
+              "        x = self.emb(idx)"),),
+        {"test_gpt": "int32 ids"},
+    ),
+    Mutant(
+        "gelu-upcast-float32",
+        "gelu computes in float32 whatever its input (a mixed-precision habit), returning float32",
+        (Edit("mlp", GELU_BODY, "    x = x.float()  # tanh in full precision\n" + GELU_BODY),),
+        {"test_mlp": "expected float64", "test_block": "test_mlp", "test_gpt": "test_mlp"},
+    ),
+    Mutant(
+        "gpt-logits-float",
+        "logits cast to float32 at the end (as LLaMA's code does)",
+        (Edit("gpt", "return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)",
+              "return self.lm_head(self.ln_f(x)).float()  # (B, T, vocab_size)"),),
+        {"test_gpt": "expected float64"},
+    ),
+    Mutant(
+        "ln-var-by-moments",
+        "the variance as mean(x^2) - mean^2, which cancels for inputs far from 0",
+        (Edit("layer_norm", "var = x.var(dim=-1, keepdim=True, unbiased=False)",
+              "var = (x * x).mean(dim=-1, keepdim=True) - mean ** 2"),),
+        {"test_layer_norm": "whose mean is 300"},
+    ),
+    Mutant(
+        "gelu-tanh-by-exp",
+        "tanh written with exp, (e^2z - 1) / (e^2z + 1), which overflows for x > 10",
+        (Edit("mlp", GELU_BODY, """\
+    z = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)
+    e = torch.exp(2 * z)
+    return 0.5 * x * (1.0 + (e - 1) / (e + 1))
+"""),),
+        {"test_mlp": "exp overflows"},
+    ),
+    Mutant(
+        "gelu-exp-nan-gradient",
+        "tanh as 1 - 2 / (exp(2z) + 1): right values everywhere, but nan gradients where exp(2z) overflows",
+        (Edit("mlp", GELU_BODY, """\
+    z = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)
+    return 0.5 * x * (2.0 - 2.0 / (torch.exp(2 * z) + 1.0))
+"""),),
+        {"test_mlp": "overflows in the backward pass"},
+    ),
+    Mutant(
+        "gpt-no-grad",
+        "GPT.forward under torch.no_grad() (it is only used for inference in this chapter)",
+        (Edit("gpt", GPT_BODY, "        with torch.no_grad():\n" + GPT_BODY.replace("        ", "            ")),),
+        {"test_gpt": "carries no gradient"},
+    ),
+    Mutant(
+        "gelu-numpy",
+        "gelu computed in numpy on x.detach(): right values, no gradient",
+        (Edit("mlp", GELU_BODY, """\
+    import numpy as np
+    xn = x.detach().numpy()
+    return torch.from_numpy(0.5 * xn * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (xn + 0.044715 * xn ** 3))))
+"""),),
+        {"test_mlp": "carries no gradient", "test_block": "test_mlp", "test_gpt": "test_mlp"},
+    ),
+    Mutant(
+        "ln-detached-stats",
+        "LayerNorm's mean and variance detached (taken as constants): right values, wrong gradients",
+        (Edit("layer_norm", LN_BODY, LN_BODY.replace("keepdim=True)", "keepdim=True).detach()")),),
+        {"test_layer_norm": "gradients are not", "test_block": "test_layer_norm", "test_gpt": "test_layer_norm"},
+    ),
     Mutant(
         "gpt-softmax",
         "probabilities instead of logits",
@@ -176,7 +277,8 @@ VARIANTS = [
     ),
     Variant(
         "by-hand",
-        "rsqrt and a hand-written variance; gelu with a numeric constant; positions by hand and functools.reduce",
+        "rsqrt and a hand-written variance; gelu with a numeric constant; positions by hand (the window checked "
+        "there) and functools.reduce",
         edits=(
             Edit("layer_norm", LN_BODY, """\
         centred = x - x.mean(-1, keepdim=True)
@@ -188,7 +290,9 @@ VARIANTS = [
             Edit("gpt", GPT_BODY, """\
         import functools
         T = idx.shape[1]
-        x = self.emb.wte(idx) + self.emb.wpe(torch.arange(T, device=idx.device))
+        if T > self.config.block_size:
+            raise ValueError(f"{T} positions, but block_size is {self.config.block_size}")
+        x = self.emb.wte(idx.long()) + self.emb.wpe(torch.arange(T, device=idx.device))
         x = functools.reduce(lambda h, block: block(h), self.h, x)
         return self.lm_head(self.ln_f(x))
 """),
@@ -235,6 +339,39 @@ VARIANTS = [
                  "self.h = nn.Sequential(*[Block(config) for _ in range(config.n_layer)])"),
             Edit("gpt", GPT_BODY, """\
         return self.lm_head(self.ln_f(self.h(self.emb(idx))))
+"""),
+        ),
+    ),
+    Variant(
+        "upcast-stable-exp",
+        "LayerNorm in float32 and back (.type_as(x), as LLaMA's RMSNorm); tanh as sign(z) (1 - e) / (1 + e) with "
+        "e = exp(-2|z|), which never overflows; nn.Linear's functional form in the MLP; long ids and the window "
+        "checked in GPT.forward",
+        edits=(
+            Edit("layer_norm", LN_BODY, """\
+        h = x.float()
+        mean = h.mean(dim=-1, keepdim=True)
+        var = ((h - mean) ** 2).mean(dim=-1, keepdim=True)
+        return ((h - mean) / torch.sqrt(var + self.eps)).type_as(x) * self.weight + self.bias
+"""),
+            Edit("mlp", GELU_BODY, """\
+    z = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)
+    e = torch.exp(-2 * z.abs())  # exp of numbers <= 0 only: no overflow, forward or backward
+    return 0.5 * x * (1.0 + torch.sign(z) * (1 - e) / (1 + e))
+"""),
+            Edit("mlp", MLP_BODY, """\
+        import torch.nn.functional as F
+        h = gelu(F.linear(x, self.c_fc.weight, self.c_fc.bias))
+        return F.linear(h, self.c_proj.weight, self.c_proj.bias)
+"""),
+            Edit("gpt", GPT_BODY, """\
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"cannot read {T} tokens: block_size is {self.config.block_size}")
+        x = self.emb.wte(idx.long()) + self.emb.wpe(torch.arange(T))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
 """),
         ),
     ),
