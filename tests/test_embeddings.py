@@ -66,8 +66,11 @@ def test_same_positions_for_every_row_of_a_batch(emb):
 SHAPES = [(1,), (7,), (3, 4), (2, 3, 5), (1, 1), (0,), (2, 0)]
 
 
+ID_DTYPES = [torch.long, torch.int32, torch.int16, torch.int8, torch.uint8]  # every dtype check_ids accepts
+
+
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.uint8])
+@pytest.mark.parametrize("dtype", ID_DTYPES)
 def test_one_hot_equals_torch(shape, dtype):
     V = 13
     ids = torch.randint(V, shape, generator=torch.Generator().manual_seed(len(shape))).to(dtype)
@@ -77,16 +80,28 @@ def test_one_hot_equals_torch(shape, dtype):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
-def test_embedding_lookup_equals_torch_and_one_hot_product(shape, dtype):
+@pytest.mark.parametrize("dtype", ID_DTYPES)
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.float64])
+def test_embedding_lookup_equals_torch_and_one_hot_product(shape, dtype, table_dtype):
     V, C = 17, 6
     gen = torch.Generator().manual_seed(len(shape))
-    table = torch.randn(V, C, generator=gen)
+    table = torch.randn(V, C, generator=gen).to(table_dtype)
     ids = torch.randint(V, shape, generator=gen).to(dtype)
     got = embedding_lookup(table, ids)
-    assert got.shape == (*shape, C)
-    assert torch.equal(got, F.embedding(ids, table))
-    assert torch.equal(got, one_hot(ids, V) @ table)  # exact: every other product is a multiplication by zero
+    assert got.shape == (*shape, C) and got.dtype == table_dtype
+    assert torch.equal(got, F.embedding(ids.long(), table))
+    # exact: every other product is a multiplication by zero
+    assert torch.equal(got, one_hot(ids, V).to(table_dtype) @ table)
+
+
+@pytest.mark.parametrize("dtype", ID_DTYPES)
+def test_inputs_are_left_as_they_were(dtype):
+    table, ids = torch.randn(9, 2), torch.tensor([[8, 0, 3]], dtype=dtype)
+    before = table.clone(), ids.clone()
+    one_hot(ids, 9)
+    embedding_lookup(table, ids)
+    Embeddings(9, 4, 2)(ids)
+    assert torch.equal(table, before[0]) and torch.equal(ids, before[1]) and ids.shape == (1, 3)
 
 
 def test_embedding_lookup_passes_gradients_to_the_table():
@@ -110,6 +125,28 @@ def test_ids_that_are_not_an_integer_tensor_raise(ids):
         one_hot(ids, 5)
     with pytest.raises(ValueError, match="integer tensor"):
         embedding_lookup(torch.zeros(5, 2), ids)
+    if isinstance(ids, torch.Tensor):
+        with pytest.raises(ValueError, match="integer tensor"):
+            Embeddings(5, 4, 2)(ids[None])
+
+
+@pytest.mark.parametrize("dtype", ID_DTYPES)
+@pytest.mark.parametrize("B, T, offset", [(2, 3, 1), (1, 4, 0), (2, 0, 0), (0, 3, 1), (3, 1, 3)])
+def test_embeddings_take_every_id_dtype_and_empty_batches(dtype, B, T, offset):
+    layer = Embeddings(vocab_size=20, block_size=4, n_embd=3)
+    idx = torch.randint(20, (B, T), generator=torch.Generator().manual_seed(B * 10 + T)).to(dtype)
+    want = layer.wte.weight[idx.long()] + layer.wpe.weight[offset:offset + T]
+    torch.testing.assert_close(layer(idx, offset=offset), want, rtol=0, atol=0)
+
+
+def test_embeddings_in_float64_and_their_gradients():
+    layer = Embeddings(vocab_size=6, block_size=4, n_embd=2).double()
+    idx = torch.tensor([[1, 1, 5], [0, 1, 2]])
+    out = layer(idx, offset=1)
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    assert torch.equal(layer.wte.weight.grad[:, 0], torch.tensor([1.0, 3.0, 1.0, 0.0, 0.0, 1.0], dtype=torch.float64))
+    assert torch.equal(layer.wpe.weight.grad[:, 0], torch.tensor([0.0, 2.0, 2.0, 2.0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("T, offset", [(5, 0), (1, 4), (3, 2), (2, -1)])

@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)  # what check_ids accepts
+
 
 def check_ids(ids: torch.Tensor, vocab_size: int) -> None:
-    """Raise ValueError unless ``ids`` is an integer tensor of ids in ``0 .. vocab_size - 1``."""
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+    """Raise ValueError unless ``ids`` is an integer tensor (int8, int16, int32, int64 or uint8; bool is not) of ids
+    in ``0 .. vocab_size - 1``. A tensor of no ids (a dimension of size 0) is fine."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in ID_DTYPES:
         raise ValueError(f"token ids must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
-        bad = ids[(ids < 0) | (ids >= vocab_size)][0].item()
+    wide = ids.long()  # (an int8 tensor compared with 211 would compare with 211 cast to int8)
+    if wide.numel() and (wide.min() < 0 or wide.max() >= vocab_size):
+        bad = wide[(wide < 0) | (wide >= vocab_size)][0].item()
         raise ValueError(f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
 
 
@@ -47,4 +51,4 @@ class Embeddings(nn.Module):
         if offset < 0 or offset + T > self.block_size:
             raise ValueError(f"positions {offset} to {offset + T - 1} do not fit in block_size {self.block_size}")
         pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)
-        return self.wte(idx) + self.wpe(pos)  # (B, T, C) + (T, C) broadcasts over the batch
+        return self.wte(idx.long()) + self.wpe(pos)  # (B, T, C) + (T, C) broadcasts over the batch

@@ -2,9 +2,13 @@
 names it, and different-but-correct answers, each of which must get full marks.
 
 Solution cells: `one_hot`, `embedding_lookup`, `embeddings` (the `Embeddings` class; only `forward` is the
-learner's). Test cells: test_one_hot, test_embedding_lookup, test_embeddings. The visible test of
-embedding_lookup compares it with `one_hot(ids, V) @ table`, so a one_hot that breaks that product costs
-the lookup's points too.
+learner's). Test cells: test_one_hot, test_embedding_lookup, test_embeddings. A learner's embedding_lookup may
+call their one_hot, and their Embeddings either: a mistake there costs the later cell too, whose message then
+names the earlier cell that fails (the mutants marked "charged once").
+
+The classes of mistakes of issue 12 that apply here: ids of every integer dtype check_ids accepts (int8, int16,
+int32, int64, uint8), ids with no elements, a batch of one row, a window exactly full or overfull, float64
+tables, inputs changed in place, gradients that do not reach the tables, and a broken earlier function.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from . import Edit, Mutant, Variant
 CHAPTER = "02-embeddings"
 
 POSITIONS = "        pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)\n"
-SUM = "        return self.wte(idx) + self.wpe(pos)  # (B, T, C) + (T, C) broadcasts over the batch\n"
+SUM = "        return self.wte(idx.long()) + self.wpe(pos)  # (B, T, C) + (T, C) broadcasts over the batch\n"
 BLOCK_CHECK = """\
         if offset < 0 or offset + T > self.block_size:
             raise ValueError(f"positions {offset} to {offset + T - 1} do not fit in block_size {self.block_size}")
@@ -28,6 +32,15 @@ FORWARD_BODY = """\
 """ + BLOCK_CHECK + POSITIONS + SUM
 
 
+# one_hot that builds integers (torch.long) instead of floats
+INTEGER_ONE_HOT = (
+    Edit("one_hot", "torch.zeros(*ids.shape, vocab_size)", "torch.zeros(*ids.shape, vocab_size, dtype=torch.long)"),
+    Edit("one_hot", "1.0)", "1)"),
+)
+# embedding_lookup as the product the page explains, with the learner's own one_hot
+ONE_HOT_PRODUCT = "    return one_hot(ids, table.shape[0]) @ table\n"
+
+
 def _positions(new: str) -> Edit:
     return Edit("embeddings", POSITIONS, f"        pos = {new}\n")
 
@@ -37,8 +50,7 @@ MUTANTS = [
     Mutant(
         "one-hot-long",
         "one_hot returns integers (torch.long), not floats",
-        (Edit("one_hot", "torch.zeros(*ids.shape, vocab_size)", "torch.zeros(*ids.shape, vocab_size, dtype=torch.long)"),
-         Edit("one_hot", "1.0)", "1)")),
+        INTEGER_ONE_HOT,
         # The lookup's tests use torch's one-hot, so this mistake costs only one_hot's own cell.
         {"test_one_hot": "must return floats"},
     ),
@@ -107,8 +119,123 @@ MUTANTS = [
     Mutant(
         "weight-data",
         "Embeddings reads .weight.data: right values, but no gradients reach the tables",
-        (Edit("embeddings", SUM, "        return self.wte.weight.data[idx] + self.wpe.weight.data[pos]\n"),),
+        (Edit("embeddings", SUM, "        return self.wte.weight.data[idx.long()] + self.wpe.weight.data[pos]\n"),),
         {"test_embeddings": "not with .data"},
+    ),
+    # ---- issue 12: ids of every integer dtype check_ids accepts
+    Mutant(
+        "one-hot-scatter-int",
+        "one_hot scatters with the ids as they come: int16, int8 and uint8 ids are no index for scatter_",
+        (Edit("one_hot", "ids.long().unsqueeze(-1)", "ids.unsqueeze(-1)"),),
+        {"test_one_hot": "convert with ids.long() first"},
+    ),
+    Mutant(
+        "lookup-no-long",
+        "embedding_lookup indexes with the ids as they come: int16 fails, uint8 is taken as a mask",
+        (Edit("embedding_lookup", "    return table[ids.long()]\n", "    return table[ids]\n"),),
+        {"test_embedding_lookup": "convert with ids.long() first"},
+    ),
+    Mutant(
+        "embeddings-no-long",
+        "Embeddings hands the ids to nn.Embedding as they come: int64 and int32 only",
+        (Edit("embeddings", SUM, SUM.replace("self.wte(idx.long())", "self.wte(idx)")),),
+        {"test_embeddings": "convert with idx.long() first"},
+    ),
+    Mutant(
+        "lookup-view-as-long",
+        "embedding_lookup converts the ids with .view(torch.long), which reinterprets their bytes",
+        (Edit("embedding_lookup", "    return table[ids.long()]\n", "    return table[ids.view(torch.long)]\n"),),
+        {"test_embedding_lookup": "convert with ids.long() first"},
+    ),
+    # ---- ids with no elements
+    Mutant(
+        "one-hot-stack-rows",
+        "one_hot stacks one row of the identity per id: torch.stack of no rows fails",
+        (Edit("one_hot", """\
+    out = torch.zeros(*ids.shape, vocab_size)
+    out.scatter_(-1, ids.long().unsqueeze(-1), 1.0)
+    return out
+""", "    return torch.stack([torch.eye(vocab_size)[int(i)] for i in ids.flatten()]).view(*ids.shape, vocab_size)\n"),),
+        {"test_one_hot": "hold no ids"},
+    ),
+    Mutant(
+        "lookup-reshape-minus-one",
+        "embedding_lookup flattens the ids and reshapes with -1, which cannot be inferred for no ids",
+        (Edit("embedding_lookup", "    return table[ids.long()]\n",
+              "    return table[ids.long().flatten()].view(*ids.shape, -1)\n"),),
+        {"test_embedding_lookup": "hold no ids"},
+    ),
+    Mutant(
+        "embeddings-flat-lookup",
+        "Embeddings looks the tokens up as one flat row and reshapes with -1: fails for B = 0 or T = 0",
+        (Edit("embeddings", SUM, "        B = idx.shape[0]\n"
+                                 "        return self.wte(idx.long().view(-1)).view(B, T, -1) + self.wpe(pos)\n"),),
+        {"test_embeddings": "hold no ids"},
+    ),
+    # ---- a batch of one row
+    Mutant(
+        "embeddings-squeeze",
+        "Embeddings squeezes its output: a batch of one row loses its batch dimension",
+        (Edit("embeddings", SUM, SUM.replace("self.wpe(pos)  #", "self.wpe(pos)).squeeze()  #")
+              .replace("return self.wte", "return (self.wte")),),
+        {"test_embeddings": "do not squeeze"},
+    ),
+    # ---- the window: exactly full is fine (block-check-off-by-one above), overfull is an error
+    Mutant(
+        "block-check-ignores-offset",
+        "the block check compares T alone with block_size: an offset pushes the positions past the table",
+        (Edit("embeddings", "offset + T > self.block_size", "T > self.block_size"),),
+        {"test_embeddings": "check offset + T <= block_size"},
+    ),
+    # ---- float64 tables
+    Mutant(
+        "lookup-one-hot-product",
+        "embedding_lookup as one_hot(ids, V) @ table: float32 one-hot vectors do not multiply a float64 table",
+        (Edit("embedding_lookup", "    return table[ids.long()]\n", ONE_HOT_PRODUCT),),
+        {"test_embedding_lookup": "a product with one_hot's float32 vectors does not"},
+    ),
+    Mutant(
+        "embeddings-one-hot-product",
+        "Embeddings multiplies one-hot vectors by wte: fails once the layer is float64 (.double())",
+        (Edit("embeddings", SUM, "        return one_hot(idx, self.vocab_size) @ self.wte.weight + self.wpe(pos)\n"),),
+        {"test_embeddings": "the tables hold float64 here"},
+    ),
+    # ---- gradients: chapter 8 trains the tables
+    Mutant(
+        "lookup-no-grad",
+        "embedding_lookup under torch.no_grad(): right values, no gradient for the table",
+        (Edit("embedding_lookup", "    return table[ids.long()]\n",
+              "    with torch.no_grad():\n        return table[ids.long()]\n"),),
+        {"test_embedding_lookup": "does not require grad"},
+    ),
+    Mutant(
+        "embeddings-no-grad",
+        "Embeddings.forward computes under torch.no_grad()",
+        (Edit("embeddings", SUM, "        with torch.no_grad():\n    " + SUM),),
+        {"test_embeddings": "does not require grad"},
+    ),
+    # ---- inputs changed in place
+    Mutant(
+        "one-hot-unsqueeze-in-place",
+        "one_hot unsqueezes ids.long() in place: for int64 ids that is the caller's tensor",
+        (Edit("one_hot", "ids.long().unsqueeze(-1)", "ids.long().unsqueeze_(-1)"),),
+        {"test_one_hot": "changed the caller's ids in place (its shape (6,) became (6, 1))"},
+    ),
+    # ---- charged once: a broken earlier function, named in the later cell's message
+    Mutant(
+        "lookup-detached-used-by-embeddings",
+        "embedding_lookup detaches the table, and Embeddings looks its tokens up with it (charged once)",
+        (Edit("embedding_lookup", "    return table[ids.long()]\n", "    return table.detach()[ids.long()]\n"),
+         Edit("embeddings", SUM, "        return embedding_lookup(self.wte.weight, idx) + self.wpe(pos)\n")),
+        {"test_embedding_lookup": "does not require grad",
+         "test_embeddings": "your embedding_lookup, which fails its own test (test_embedding_lookup)"},
+    ),
+    Mutant(
+        "one-hot-long-used-by-lookup",
+        "one_hot returns integers, and embedding_lookup multiplies its one-hot vectors by the table (charged once)",
+        (*INTEGER_ONE_HOT, Edit("embedding_lookup", "    return table[ids.long()]\n", ONE_HOT_PRODUCT)),
+        {"test_one_hot": "must return floats",
+         "test_embedding_lookup": "your one_hot, which fails its own test (test_one_hot)"},
     ),
 ]
 
@@ -124,13 +251,13 @@ import torch.nn.functional as F
 
 def one_hot(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     check_ids(ids, vocab_size)
-    return F.one_hot(ids, num_classes=vocab_size).float()
+    return F.one_hot(ids.long(), num_classes=vocab_size).float()
 ''',
     "embedding_lookup": '''\
 #| export
 def embedding_lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     check_ids(ids, table.shape[0])
-    return table.index_select(0, ids.flatten()).view(*ids.shape, table.shape[1])
+    return table.index_select(0, ids.flatten().long()).view(*ids.shape, table.shape[1])
 ''',
 }
 SLICED_WPE = """\
@@ -138,7 +265,7 @@ SLICED_WPE = """\
         check_ids(idx, self.vocab_size)
         if T + offset > self.block_size:
             raise ValueError(f"sequence of {T} tokens at offset {offset} is longer than block_size={self.block_size}")
-        tok_emb = self.wte.weight[idx]                      # (B, T, C)
+        tok_emb = self.wte.weight[idx.long()]               # (B, T, C)
         pos_emb = self.wpe.weight[offset:offset + T]        # (T, C)
         return tok_emb + pos_emb.unsqueeze(0)
 """
@@ -150,13 +277,13 @@ EYE = {
 #| export
 def one_hot(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     check_ids(ids, vocab_size)
-    return torch.eye(vocab_size)[ids]
+    return torch.eye(vocab_size)[ids.long()]
 ''',
     "embedding_lookup": '''\
 #| export
 def embedding_lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     check_ids(ids, table.shape[0])
-    return torch.nn.functional.embedding(ids, table)
+    return torch.nn.functional.embedding(ids.long(), table)
 ''',
 }
 PER_ROW_POSITION_IDS = """\
@@ -165,6 +292,62 @@ PER_ROW_POSITION_IDS = """\
             raise ValueError("too many positions")
         position_ids = (torch.arange(T) + offset).unsqueeze(0).expand(B, T)
         return embedding_lookup(self.wte.weight, idx) + self.wpe(position_ids)
+"""
+
+# A comparison with arange for the one-hot vectors, torch.index_select with a reshape that names every size, and
+# F.embedding on both tables, the block checked as "room left after the offset".
+COMPARE = {
+    "one_hot": '''\
+#| export
+def one_hot(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    check_ids(ids, vocab_size)
+    return (ids.long().unsqueeze(-1) == torch.arange(vocab_size)).float()
+''',
+    "embedding_lookup": '''\
+#| export
+def embedding_lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    check_ids(ids, table.shape[0])
+    rows = torch.index_select(table, 0, ids.reshape(-1).long())
+    return rows.reshape(*ids.shape, table.shape[1])
+''',
+}
+FUNCTIONAL_EMBEDDING = """\
+        check_ids(idx, self.vocab_size)
+        T = idx.shape[-1]
+        if T > self.block_size - offset:
+            raise ValueError(f"{T} tokens from position {offset} need more than {self.block_size} positions")
+        tokens = torch.nn.functional.embedding(idx.to(torch.int64), self.wte.weight)
+        positions = torch.nn.functional.embedding(torch.arange(T) + offset, self.wpe.weight)
+        return tokens + positions[None, :, :]
+"""
+
+# One-hot vectors by advanced-index assignment into a flat buffer, int32 indices (which PyTorch accepts as well as
+# int64), and Embeddings with the learner's own lookup on both tables.
+FLAT = {
+    "one_hot": '''\
+#| export
+def one_hot(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    check_ids(ids, vocab_size)
+    flat = ids.reshape(-1).long()
+    out = torch.zeros(flat.numel(), vocab_size)
+    out[torch.arange(flat.numel()), flat] = 1.0
+    return out.reshape(*ids.shape, vocab_size)
+''',
+    "embedding_lookup": '''\
+#| export
+def embedding_lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    check_ids(ids, table.shape[0])
+    return table[ids.int()]
+''',
+}
+OWN_LOOKUP_BOTH = """\
+        B, T = idx.shape
+        if offset + T > self.block_size:
+            raise ValueError(f"offset {offset} + {T} tokens > block_size {self.block_size}")
+        tok = embedding_lookup(self.wte.weight, idx)
+        pos = embedding_lookup(self.wpe.weight, torch.arange(offset, offset + T))
+        x = tok + pos
+        return x
 """
 
 VARIANTS = [
@@ -179,5 +362,17 @@ VARIANTS = [
         "torch.eye(V)[ids]; F.embedding; (B, T) position ids, tokens through the learner's own embedding_lookup",
         cells=EYE,
         edits=(Edit("embeddings", FORWARD_BODY, PER_ROW_POSITION_IDS),),
+    ),
+    Variant(
+        "compare-functional-embedding",
+        "ids == arange(V); torch.index_select and a reshape naming every size; F.embedding on both tables",
+        cells=COMPARE,
+        edits=(Edit("embeddings", FORWARD_BODY, FUNCTIONAL_EMBEDDING),),
+    ),
+    Variant(
+        "flat-int32-own-lookup",
+        "one-hot by index assignment into a flat buffer; table[ids.int()]; the learner's lookup on both tables",
+        cells=FLAT,
+        edits=(Edit("embeddings", FORWARD_BODY, OWN_LOOKUP_BOTH),),
     ),
 ]
