@@ -157,9 +157,9 @@ def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs) -
 
     Returns None on purpose: nbgrader reads a number left as a test cell's last value as partial credit.
     """
-    got = call(fn, *args, name=name, **kwargs)
+    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)  # before fn can change them
+    got = call(fn, *args, label=label, hint=hint, **kwargs)
     if got != want:
-        label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
         fail(f"{label} returned {show(got)}, expected {show(want)}", hint)
 
 
@@ -170,13 +170,14 @@ def expect_close(fn, *args, want, atol: float = 1e-5, rtol: float = 1e-5, hint: 
     import torch
 
     label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
-    got = call(fn, *args, name=name, **kwargs)
+    got = call(fn, *args, label=label, hint=hint, **kwargs)
     if not isinstance(got, torch.Tensor):
         fail(f"{label} returned {show(got)}, expected a tensor of shape {tuple(want.shape)}", hint)
     if tuple(got.shape) != tuple(want.shape):
         fail(f"{label} returned a tensor of shape {tuple(got.shape)}, expected {tuple(want.shape)}", hint)
     if got.dtype != want.dtype:
-        fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} tensor, expected "
+        name_got = str(got.dtype).removeprefix("torch.")
+        fail(f"{label} returned {'an' if name_got[0] in 'aeiou' else 'a'} {name_got} tensor, expected "
              f"{str(want.dtype).removeprefix('torch.')}", hint or "keep the input's dtype")
     got64, want64 = got.detach().double(), want.detach().double()
     bad = ~torch.isclose(got64, want64, atol=atol, rtol=rtol, equal_nan=True)
