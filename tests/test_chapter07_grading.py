@@ -13,10 +13,14 @@ TEST_CELLS = ["test_kv_cache", "test_attention_with_cache", "test_forward_with_c
               "test_kv_cache_bytes"]
 SOLUTION_IDS = ["kv_cache", "attention_with_cache", "forward_with_cache", "cached_model", "kv_cache_bytes"]
 # The mistakes the course most wants caught (keys and values stored wrong, a mask that hides the past, positions
-# that restart, a stale cache, beams sharing a cache), and two ways of writing it right.
+# that restart, a stale cache, beams sharing a cache), one of each class of issue 12 (a float32 buffer under
+# float64 keys, charged in the three cells that use it; exp overflowing; the shape after a prefill; an eviction
+# that is not least-recently-used; caches shared by two CachedModels; a cache dropped at a window exactly full; a
+# StopIteration named with its cell and line), and every way of writing it right.
 GRADED_MUTANTS = ["cat-wrong-dim", "values-not-cached", "mask-hides-cache", "no-position-offset",
-                  "cache-never-reset", "beams-share-parent"]
-GRADED_VARIANTS = ["preallocated-copying", "sdpa-inference-mode-single-entry"]
+                  "cache-never-reset", "beams-share-parent", "float32-concatenation", "softmax-overflow",
+                  "last-row-only", "fifo-eviction", "caches-global", "reset-at-full-window", "next-without-default"]
+GRADED_VARIANTS = [v.key for v in ch.VARIANTS]
 
 globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS, mutants=GRADED_MUTANTS, variants=GRADED_VARIANTS))
 globals().update(hidden_check_tests(ch))

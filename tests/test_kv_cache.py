@@ -258,7 +258,8 @@ def test_the_learner_side_builds_the_checks_models_without_this_chapter():
     layer they build there hold the weights of the judge's, built from the same recipes."""
     from autograder.grade import blocked_modules
 
-    shape, (n_embd, n_head, batch, chunks) = "b", checks.ATTENTION_CASES[1]
+    shape, case = "b", checks.ATTENTION_CASES[1]
+    n_embd, n_head, batch, chunks = case[:4]
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('07-kv-cache')!r}))\n"
             "import torch\n"
             "from autograder.helpers import make\n"
@@ -272,10 +273,10 @@ def test_the_learner_side_builds_the_checks_models_without_this_chapter():
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     logits, attended = (torch.tensor(v) for v in eval(out.stdout))
-    case = checks._attention_chunks(n_embd, n_head, batch, chunks, seed=711)
+    chunked = checks._attention_chunks(case, seed=711)
     with torch.no_grad():
         torch.testing.assert_close(logits, checks._models(shape)(torch.tensor([[1, 2, 3]]))[0, -1], atol=1e-5, rtol=0)
-        torch.testing.assert_close(attended, case.attn(torch.cat(case.xs, dim=1)).flatten(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(attended, chunked.attn(torch.cat(chunked.xs, dim=1)).flatten(), atol=1e-5, rtol=0)
 
 
 def test_hidden_check_models_equal_hugging_face(tmp_path):
@@ -312,3 +313,69 @@ def test_the_mistakes_the_checks_name_differ_from_the_right_answer():
     for mistake, _ in checks.FORWARD_MISTAKES:
         replay = checks._replay(model, parts, mistake)
         assert replay is None or not all(checks._close(r, w) for r, w in zip(replay, right)), mistake
+
+
+def test_the_large_attention_case_overflows_a_naive_exp_and_the_float64_case_stays_float64():
+    """The checks' case of large inputs has scores past float32's exp range (so exp(scores) / sum is nan there),
+    while its oracle is finite; the float64 case is float64 through and through."""
+    for number, case in enumerate(checks.ATTENTION_CASES):
+        chunked = checks._attention_chunks(case, seed=710 + number)
+        attn, x = chunked.attn, torch.cat(chunked.xs, dim=1)
+        assert x.dtype == case.dtype and all(w.dtype == case.dtype and torch.isfinite(w).all() for w in chunked.want)
+        if case.scale > 1:
+            with torch.no_grad():
+                q, k, _ = (attn.split_heads(t) for t in attn.c_attn(x).split(case.n_embd, dim=2))
+                scores = q @ k.transpose(-2, -1) / (case.n_embd // case.n_head) ** 0.5
+            assert scores.max() > 200 and not torch.isfinite(scores.exp()).all()
+
+
+def test_the_model_of_another_cachedmodel_gives_other_logits():
+    """The check of two CachedModels names a shared cache when GPT 2's logits come from GPT 1's cache: those must
+    differ from GPT 2's own, else a right answer could look like the mistake."""
+    model, other = checks._models("a"), checks._models("c")
+    prompt = checks._ids((7,), 97, seed=731).tolist()
+    past = checks._Cache(model.config.n_layer)
+    with torch.no_grad():
+        checks._forward(model, torch.tensor([prompt]), past)
+        mixed = checks._forward(other, torch.tensor([[5]]), past)[0, -1]
+    assert not checks._close(mixed, last_logits(other, prompt + [5]))
+
+
+def test_the_forward_cases_cover_the_id_dtypes_the_model_accepts():
+    dtypes = {case.ids_dtype for case in checks._forward_cases()}
+    assert {torch.int64, torch.int32} <= dtypes
+    for dtype in checks.SMALL_ID_DTYPES:  # tried where the model takes them
+        accepted = True
+        try:
+            checks._models("b")(torch.tensor([[1, 2]], dtype=dtype))
+        except (ValueError, RuntimeError):
+            accepted = False
+        assert (dtype in dtypes) == accepted
+
+
+def test_the_helpers_count_positions_and_name_a_stopiteration_inside_the_loops():
+    """``counted`` gives the positions a call ran (a prefill, then one per decode step); a StopIteration of the
+    learner's model inside token_stream (which Python turns into "generator raised StopIteration") comes back as
+    the StopIteration itself, with the learner's frame in its traceback."""
+    from autograder.helpers import kv_cache as helpers
+
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    cm = CachedModel(model)
+    assert helpers.counted(cm, model, torch.tensor([[1, 2, 3]]))[1] == 3
+    assert helpers.counted(cm, model, torch.tensor([[1, 2, 3, 4]]))[1] == 1
+
+    class Broken:
+        config = model.config
+
+        def __call__(self, idx):
+            return next(iter([]))
+
+    with pytest.raises(StopIteration) as caught:
+        helpers.stream(Broken(), [1, 2], 3)
+    frames = []
+    tb = caught.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert "__call__" in frames

@@ -17,32 +17,45 @@ runs, and so do the models, attention layers and configs they are given, built t
 run with it). The expected answers are computed here, from the same recipes; what the learner's code returns
 (logits, keys and values) comes back as plain tensors.
 
-Inputs are ones the notebook's visible tests do not use: batches of 1 to 3 sequences, a prefill of one token,
-a prefill of several tokens after decode steps, a window that fills up and slides.
+Inputs are ones the notebook's visible tests do not use: batches of 1 to 3 sequences, one head, a prefill of one
+token, a prefill of several tokens after decode steps, a window exactly full and one that slides, float64 keys,
+layers and models, ids of every integer dtype the model accepts, attention scores of about 300 (where a naive
+``exp`` overflows), a prompt of one id.
 
 When an answer is wrong, a check runs the known mistakes on the same weights (a KV-cached GPT-2 built here from
 the model's own layers and torch's attention, with the mistake made on purpose) and names the one whose
 numbers the learner's code gave. A mistake in ``KVCache`` is named in the later cells too ("fix KVCache
 first"), since they store their keys and values in it: the learner's attention is tried with a cache that
 answers with the right keys and values (``ScriptedCache``, scripted here), and the learner's KVCache is tried
-on its own.
+on its own. A failure of a cell whose function uses the learner's functions of earlier cells that failed their
+own tests says so (``judge.because_of``): attention_with_cache uses KVCache, forward_with_cache uses both, and
+CachedModel all three.
+
+``CachedModel`` is held to what the notebook states: its logits are ``(1, T_new, V)``, T_new being the positions
+it ran (all of ids after a prefill); a call whose ids[:-1] has a kept cache runs one position (the model on the
+learner's side counts them), also for the second of two beams of one parent, for a window exactly full, and
+after a prompt of one id; the least recently used cache goes first (a parent just used outlives older prompts);
+two CachedModels of two models share no cache; memory stays bounded.
 
 The checks test what the code computes, never how: a cache that preallocates its tensors and writes into them
-with an index, ``F.scaled_dot_product_attention`` with a mask, a ``CachedModel`` that copies tensors or evicts
-in another order, or keeps a single entry, all get full marks. Nothing here imports the chapter's reference,
-``minigpt.kv_cache``: a module imported by a check would stay importable for the learner's later cells.
+with an index, ``F.scaled_dot_product_attention`` with a mask, a softmax of its own that subtracts the maximum or
+the logsumexp, a ``CachedModel`` that copies tensors, evicts by a use counter or continues the longest cached
+prefix, all get full marks. Nothing here imports the chapter's reference, ``minigpt.kv_cache``: a module
+imported by a check would stay importable for the learner's later cells.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from autograder.checks import Shape
 from autograder.helpers import kv_cache as recipes
-from autograder.judge import LearnerError, Remote, ask, cell, learner_side, make, seeded, type_of
+from autograder.judge import LearnerError, Remote, ask, because_of, cell, learner_side, make, seeded, type_of
 from coursekit.testing import call, describe_error, fail, not_written, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
@@ -58,12 +71,13 @@ BUILT_ON = ("CachedModel runs on your forward_with_cache, attention_with_cache a
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return got.shape == want.shape and \
-        (got.detach().float() - want).abs().max().item() <= ATOL + RTOL * want.abs().max().item()
+    """Of ``want``'s shape and dtype, and within ATOL + RTOL times ``want``'s largest value of it everywhere."""
+    return got.shape == want.shape and got.dtype == want.dtype and \
+        (got.detach().double() - want.double()).abs().max().item() <= ATOL + RTOL * want.abs().max().item()
 
 
 def _diff(got: torch.Tensor, want: torch.Tensor) -> float:
-    return (got.detach().float() - want).abs().max().item()
+    return (got.detach().double() - want.double()).abs().max().item()
 
 
 def _type_name(obj) -> str:
@@ -83,6 +97,7 @@ def _shape(x) -> str:
 SHAPES = {
     "a": Shape(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=24, seed=70),
     "b": Shape(vocab_size=61, block_size=9, n_layer=3, n_head=3, n_embd=12, seed=72),
+    "c": Shape(vocab_size=97, block_size=12, n_layer=2, n_head=2, n_embd=24, seed=71),  # "a", other weights
 }
 INIT_RANGE = 0.2
 
@@ -97,16 +112,16 @@ def _recipe(name: str) -> dict:
 
 
 @functools.cache
-def _models(name: str) -> GPT:
-    """The reference GPT (chapter 4, tested against Hugging Face's GPT-2) of the shape ``name``, random weights:
-    the model the learner's side builds from the same recipe."""
+def _models(name: str, dtype: torch.dtype = torch.float32) -> GPT:
+    """The reference GPT (chapter 4, tested against Hugging Face's GPT-2) of the shape ``name``, random weights,
+    in ``dtype``: the model the learner's side builds from the same recipe."""
     with seeded(SHAPES[name].seed):  # the recipe draws from torch's generator: one such block at a time
-        return recipes.seeded_gpt(**_recipe(name))
+        return recipes.seeded_gpt(**_recipe(name), dtype=dtype)
 
 
-def _model(name: str) -> Remote:
-    """The GPT of shape ``name`` on the learner's side."""
-    return make("kv_cache.seeded_gpt", **_recipe(name))
+def _model(name: str, dtype: torch.dtype = torch.float32) -> Remote:
+    """The GPT of shape ``name`` in ``dtype`` on the learner's side."""
+    return make("kv_cache.seeded_gpt", **_recipe(name), dtype=dtype)
 
 
 def _ids(shape: tuple[int, ...], vocab: int, seed: int) -> torch.Tensor:
@@ -169,7 +184,7 @@ def _forward(model, idx: torch.Tensor, past: _Cache, mistake: str = "") -> torch
     (the new tokens at positions 0 .. T_new - 1), "offset+1", "offset-1", "one_layer" (every block caches in
     layer 0), or one of _attend's."""
     start = {"positions": 0, "offset+1": past.length + 1, "offset-1": past.length - 1}.get(mistake, past.length)
-    x = model.emb.wte(idx) + model.emb.wpe(torch.arange(start, start + idx.shape[1]))
+    x = model.emb.wte(idx.long()) + model.emb.wpe(torch.arange(start, start + idx.shape[1]))
     for i, block in enumerate(model.h):
         x = x + _attend(block.attn, block.ln_1(x), past, 0 if mistake == "one_layer" else i, mistake)
         x = x + block.mlp(block.ln_2(x))
@@ -189,24 +204,39 @@ def _replay(model, chunks: list[torch.Tensor], mistake: str) -> list[torch.Tenso
 
 # ---------------------------------------------------------------- KVCache
 
-def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
-    """(what went wrong, why) for a wrong KVCache on a fixed sequence of appends; None if it is right."""
-    g = torch.Generator().manual_seed(700)
-    B, H, D = 2, 3, 5
+# The sequences of appends: (batch, heads, head_size, dtype, [(layer, new positions), ...]). Equal lengths first
+# (a concatenation along the wrong dim then gives a wrong shape, not a crash), then a one-token decode step and a
+# chunk of three after it; layer 1 in between, to see that layers are apart. Then one sequence, one head, float64,
+# starting with a one-token prefill (a cache must keep the dtype it is given: a float32 buffer would round it).
+KV_SEQUENCES = [
+    (2, 3, 5, torch.float32, [(0, 2), (1, 2), (0, 2), (0, 1), (1, 1), (0, 3)]),
+    (1, 1, 4, torch.float64, [(0, 1), (0, 1), (1, 3), (0, 2)]),
+]
 
+
+def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
+    """(what went wrong, why) for a wrong KVCache on fixed sequences of appends; None if it is right."""
+    g = torch.Generator().manual_seed(700)
+    for B, H, D, dtype, appends in KV_SEQUENCES:
+        problem = _kv_sequence_problem(KVCache, g, B, H, D, dtype, appends)
+        if problem:
+            return problem
+    return None
+
+
+def _kv_sequence_problem(KVCache, g, B, H, D, dtype, appends) -> tuple[str, str] | None:
     def kv(t):
-        return torch.randn(B, H, t, D, generator=g), torch.randn(B, H, t, D, generator=g)
+        return torch.randn(B, H, t, D, generator=g, dtype=dtype), torch.randn(B, H, t, D, generator=g, dtype=dtype)
 
     cache = call(KVCache, 3, label="KVCache(n_layer=3)")
     length = call(lambda: cache.length, label="KVCache(3).length")
     if length != 0:
         return f"an empty KVCache(3) has length {show(length)}, expected 0", "nothing is stored yet"
     stored = {0: [], 1: []}
-    # Equal lengths first (a concatenation along the wrong dim then gives a wrong shape, not a crash), then a
-    # one-token decode step and a chunk of three after it; layer 1 in between, to see that layers are apart.
-    for layer, t in [(0, 2), (1, 2), (0, 2), (0, 1), (1, 1), (0, 3)]:
+    kind = str(dtype).removeprefix("torch.")
+    for layer, t in appends:
         k_new, v_new = kv(t)
-        label = (f"KVCache.append(layer={layer}, k, v) with k, v of shape {(B, H, t, D)}, after appending "
+        label = (f"KVCache.append(layer={layer}, k, v) with {kind} k, v of shape {(B, H, t, D)}, after appending "
                  f"{[s[0].shape[2] for s in stored[layer]]} positions to layer {layer}")
         # On the learner's side: (what append returned, whether it wrote into the k or v it was given).
         got, changed = call(lambda: ask("kv_cache.watched", cache.append, layer, k_new, v_new), label=label,
@@ -223,6 +253,12 @@ def _kv_cache_problem(KVCache) -> tuple[str, str] | None:
         if not isinstance(got, tuple) or len(got) != 2 or not all(isinstance(x, torch.Tensor) for x in got):
             return f"{label} returned {show(got)}", "return the tuple (all keys, all values) of this layer"
         k, v = got
+        if k.dtype != dtype or v.dtype != dtype:
+            return (f"{label} returned {str(k.dtype).removeprefix('torch.')} keys and "
+                    f"{str(v.dtype).removeprefix('torch.')} values, expected {kind}",
+                    "the cache keeps the dtype of the k and v it is given: a buffer made with torch.zeros(...) or "
+                    "torch.empty(...) is float32 whatever k is; make it with k.new_zeros(...) / k.new_empty(...) "
+                    "or dtype=k.dtype")
         if torch.equal(k, want_k) and torch.equal(v, want_v):
             n = sum(s[0].shape[2] for s in stored[0])
             length = call(lambda: cache.length, label="KVCache.length")
@@ -284,12 +320,26 @@ def _kv_cache_blame(KVCache) -> str:
 
 # ---------------------------------------------------------------- attention_with_cache
 
-# (n_embd, n_head, batch size, chunks): a prefill of several tokens or of one, decode steps, and a chunk of
-# several new tokens after decode steps, whose mask must be causal_mask(T_new, T).
+class AttentionCase(NamedTuple):
+    """A layer of this shape, a batch of inputs fed in chunks of new positions, the inputs scaled by ``scale`` and
+    all in ``dtype``."""
+    n_embd: int
+    n_head: int
+    batch: int
+    chunks: list[int]
+    scale: float = 1.0
+    dtype: torch.dtype = torch.float32
+
+
+# A prefill of several tokens or of one, decode steps, and a chunk of several new tokens after decode steps, whose
+# mask must be causal_mask(T_new, T); then one sequence in float64, and inputs large enough that the scores reach
+# about 300, where exp overflows (float32's largest is about exp(88)).
 ATTENTION_CASES = [
-    (16, 4, 1, [4, 1, 1, 3, 1]),
-    (24, 3, 2, [1, 1, 2, 1, 4]),
-    (12, 1, 3, [5, 2, 1, 1]),
+    AttentionCase(16, 4, 1, [4, 1, 1, 3, 1]),
+    AttentionCase(24, 3, 2, [1, 1, 2, 1, 4]),
+    AttentionCase(12, 1, 3, [5, 2, 1, 1]),
+    AttentionCase(8, 2, 1, [1, 3, 1], dtype=torch.float64),
+    AttentionCase(16, 2, 2, [3, 1, 3, 1], scale=5.0),
 ]
 
 ATTENTION_MISTAKES = [
@@ -302,6 +352,18 @@ ATTENTION_MISTAKES = [
     ("no_mask", "no causal mask: in a chunk of several new tokens, each may only see the keys up to its own "
                 "position, causal_mask(T_new, T)"),
 ]
+ATTENTION_MISTAKE_NAMES = {mistake for mistake, _ in ATTENTION_MISTAKES}
+OVERFLOW = ("exp overflows: scores of about 300 are in this case, and exp(300) is inf in float32 (inf / inf is "
+            "nan). Subtract each row's largest score before exp, or use torch.softmax (or chapter 3's attention), "
+            "which do")
+USES_KV_CACHE = {"KVCache": "test_kv_cache"}  # the learner's functions of earlier cells that each cell uses
+USES_ATTENTION = {"attention_with_cache": "test_attention_with_cache", **USES_KV_CACHE}
+USES_FORWARD = {"forward_with_cache": "test_forward_with_cache", **USES_ATTENTION}
+
+
+def _also(hint: str, because: str) -> str:
+    """A hint, and the note of ``judge.because_of`` (which earlier cell's function this one uses fails)."""
+    return "; ".join(part for part in (hint, because) if part)
 
 
 @dataclasses.dataclass
@@ -313,12 +375,16 @@ class _AttentionCase:
     new: list[tuple[torch.Tensor, torch.Tensor]]  # the new keys and values of each chunk (what append is given)
 
 
-def _attention_chunks(n_embd, n_head, B, chunks, seed) -> _AttentionCase:
+def _attention_chunks(case: AttentionCase, seed: int) -> _AttentionCase:
+    n_embd, n_head, B, chunks, scale, dtype = case
     with seeded(seed):  # the recipe draws from torch's generator: one such block at a time
-        attn, x = recipes.attention_case(n_embd, n_head, B, sum(chunks), seed)
-    with torch.no_grad():  # the oracle: every position at once, torch's causal attention
+        attn, x = recipes.attention_case(n_embd, n_head, B, sum(chunks), seed, scale, dtype)
+    with torch.no_grad():  # the oracle: every position at once, torch's causal attention, in float64
         q, k, v = (_heads(attn, t) for t in attn.c_attn(x).split(n_embd, dim=2))
-        full = attn.c_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape))
+        wide = copy.deepcopy(attn).double()
+        q64, k64, v64 = (_heads(wide, t) for t in wide.c_attn(x.double()).split(n_embd, dim=2))
+        y = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
+        full = wide.c_proj(y.transpose(1, 2).reshape(x.shape)).to(dtype)
     bounds = [sum(chunks[:j]) for j in range(len(chunks) + 1)]
     spans = list(zip(bounds, bounds[1:]))
     return _AttentionCase(attn, [x[:, a:b] for a, b in spans], [full[:, a:b] for a, b in spans],
@@ -353,12 +419,16 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
 
 @cell("test_attention_with_cache")
 def check_attention_with_cache(attention_with_cache, KVCache):
-    for case, (n_embd, n_head, B, chunks) in enumerate(ATTENTION_CASES):
-        seed = 710 + case
-        c = _attention_chunks(n_embd, n_head, B, chunks, seed)
+    because = because_of(**USES_KV_CACHE)
+    for number, case in enumerate(ATTENTION_CASES):
+        seed = 710 + number
+        n_embd, n_head, B, chunks, scale, dtype = case
+        c = _attention_chunks(case, seed)
         xs, want = c.xs, c.want
-        attn = ask("kv_cache.attention_case", n_embd, n_head, B, sum(chunks), seed)[0]  # the same layer, theirs
-        label = f"attention_with_cache(<CausalSelfAttention(n_embd={n_embd}, n_head={n_head})>, x, cache, 0)"
+        attn = ask("kv_cache.attention_case", *case[:3], sum(chunks), seed, scale, dtype)[0]  # the same layer, theirs
+        kind = str(dtype).removeprefix("torch.")
+        label = (f"attention_with_cache(<CausalSelfAttention(n_embd={n_embd}, n_head={n_head})"
+                 f"{'' if dtype == torch.float32 else f' in {kind}'}>, x, cache, 0)")
         cache = call(KVCache, 1, label="KVCache(n_layer=1)")
         outs, crashed, error = _attention_run(attention_with_cache, attn, xs, cache, label)
         wrong = _first_wrong(outs, want)
@@ -366,11 +436,12 @@ def check_attention_with_cache(attention_with_cache, KVCache):
             length = call(lambda: cache.length, label="KVCache.length")
             if length != sum(chunks):
                 fail(f"after {label} on chunks of {chunks} new positions, cache.length is {show(length)}, expected "
-                     f"{sum(chunks)}", "append every new position's key and value to the cache")
+                     f"{sum(chunks)}", _also("append every new position's key and value to the cache", because))
             continue
         j = wrong if crashed is None or (wrong is not None and wrong < crashed) else crashed
         t_cached, t_new = sum(chunks[:j]), chunks[j]
-        where = (f"{label}, batch of {B}, chunks of {chunks} new positions: on chunk {j + 1} ({t_new} new "
+        inputs = f"{kind} x" if dtype != torch.float32 else "x" if scale == 1 else f"x of about {scale:g} times N(0, 1)"
+        where = (f"{label}, {inputs}, batch of {B}, chunks of {chunks} new positions: on chunk {j + 1} ({t_new} new "
                  f"position{'s' * (t_new > 1)}, {t_cached} cached)")
         # The same calls with a cache known to be right (it answers with the right keys and values): if they are
         # right, the mistake is the learner's KVCache's.
@@ -379,12 +450,21 @@ def check_attention_with_cache(attention_with_cache, KVCache):
         right = trusted_crash is None and _first_wrong(trusted, want) is None and _appended_right(scripted.given, c)
         blame = _kv_cache_blame(KVCache) if right else ""
         if crashed == j:
-            hint = blame or ("the scores are (T_new, T): the mask must be causal_mask(T_new, T), not causal_mask(T_new)"
-                             if t_new > 1 and t_cached else "")
+            hint = blame or _also("the scores are (T_new, T): the mask must be causal_mask(T_new, T), not "
+                                  "causal_mask(T_new)" if t_new > 1 and t_cached else "", because)
             fail(f"{where} raised {error}", hint)
-        hint = blame or _matching_mistake(c.attn, xs[:j + 1], outs[:j + 1])
+        got = outs[j]
+        if got.dtype != dtype:
+            fail(f"{where} returned {str(got.dtype).removeprefix('torch.')} outputs for {kind} inputs",
+                 blame or _also(f"keep x's dtype: a tensor made without dtype= (a mask of float values, a constant) "
+                                f"is float32 and turns the {kind} scores into float32", because))
+        if not bool(torch.isfinite(got).all()):
+            fail(f"{where}: the outputs hold nan or inf, where attention over the whole sequence gives finite "
+                 f"values up to {want[j].abs().max().item():.3g}", blame or _also(OVERFLOW if scale > 1 else "",
+                                                                                 because))
+        hint = blame or _also(_matching_mistake(c.attn, xs[:j + 1], outs[:j + 1]), because)
         fail(f"{where}: the outputs differ from attention over the whole sequence by up to "
-             f"{_diff(outs[j], want[j]):.2e}", hint)
+             f"{_diff(got, want[j]):.2e}", hint)
 
 
 def _appended_right(given, c: _AttentionCase) -> bool:
@@ -416,12 +496,40 @@ def _matching_mistake(attn, xs, outs) -> str:
 
 # ---------------------------------------------------------------- forward_with_cache
 
-# (shape, batch size, chunks): the window filled exactly, a prefill of one token, a chunk after decode steps.
+class ForwardCase(NamedTuple):
+    """The GPT of shape ``shape`` in ``dtype``, a batch of ids of ``ids_dtype``, fed in chunks of new tokens."""
+    shape: str
+    batch: int
+    chunks: list[int]
+    dtype: torch.dtype = torch.float32
+    ids_dtype: torch.dtype = torch.int64
+
+
+# The window filled exactly (12 of block_size 12), a prefill of one token, a chunk after decode steps; then one
+# sequence through a float64 model, and int32 ids (see _forward_cases for the other integer dtypes).
 FORWARD_CASES = [
-    ("a", 1, [5, 1, 1, 1, 3, 1]),
-    ("b", 2, [1, 1, 1, 4, 1, 1]),
-    ("a", 3, [3, 1, 2, 1]),
+    ForwardCase("a", 1, [5, 1, 1, 1, 3, 1]),
+    ForwardCase("b", 2, [1, 1, 1, 4, 1, 1]),
+    ForwardCase("a", 3, [3, 1, 2, 1]),
+    ForwardCase("b", 1, [2, 1, 3, 1], dtype=torch.float64),
+    ForwardCase("a", 2, [4, 1, 2], ids_dtype=torch.int32),
 ]
+SMALL_ID_DTYPES = (torch.int16, torch.int8, torch.uint8)  # tried too, where the model itself accepts them
+
+
+@functools.cache
+def _forward_cases() -> list[ForwardCase]:
+    """FORWARD_CASES, and one case for each of SMALL_ID_DTYPES that the course's model (chapters 2 and 4) accepts as
+    ids: what the model accepts, forward_with_cache accepts."""
+    model, extra = _models("b"), []
+    for dtype in SMALL_ID_DTYPES:
+        try:
+            with torch.no_grad():
+                model(torch.tensor([[1, 2]], dtype=dtype))
+        except (ValueError, RuntimeError, TypeError, IndexError):
+            continue
+        extra.append(ForwardCase("b", 1, [3, 1, 2], ids_dtype=dtype))
+    return FORWARD_CASES + extra
 
 FORWARD_MISTAKES = [
     ("positions", "no position offset: the new tokens got positions 0, 1, ... again. After the prefill they sit "
@@ -432,37 +540,41 @@ FORWARD_MISTAKES = [
     ("offset-1", "the positions are one short: the first new token sits at position cache.length"),
     ("one_layer", "every block used layer 0 of the cache: block i must store and read its keys and values in "
                   "layer i"),
-    ("mask_from_start", ATTENTION_MISTAKES[0][1] + f" ({FIX_ATTENTION})"),
-    ("no_cache", ATTENTION_MISTAKES[1][1] + f" ({FIX_ATTENTION})"),
-    ("no_mask", ATTENTION_MISTAKES[2][1] + f" ({FIX_ATTENTION})"),
+    ("mask_from_start", ATTENTION_MISTAKES[0][1]),
+    ("no_cache", ATTENTION_MISTAKES[1][1]),
+    ("no_mask", ATTENTION_MISTAKES[2][1]),
 ]
 
 
 @cell("test_forward_with_cache")
 def check_forward_with_cache(forward_with_cache, KVCache):
-    theirs = {}  # the learner's side's model of each shape
-    for shape, B, chunks in FORWARD_CASES:
-        model = _models(shape)
-        theirs[shape] = theirs.get(shape) or _model(shape)
+    because = because_of(**USES_ATTENTION)
+    theirs = {}  # the learner's side's model of each shape and dtype
+    for shape, B, chunks, dtype, ids_dtype in _forward_cases():
+        model = _models(shape, dtype)
+        theirs[shape, dtype] = theirs.get((shape, dtype)) or _model(shape, dtype)
         cfg = model.config
         idx = _ids((B, sum(chunks)), cfg.vocab_size, seed=720 + B)
         with torch.no_grad():
             want_all = model(idx)  # the same model without a cache, on the whole sequence
+        idx = idx.to(ids_dtype)
         bounds = [sum(chunks[:j]) for j in range(len(chunks) + 1)]
         parts = [idx[:, a:b] for a, b in zip(bounds, bounds[1:])]
+        kinds = ", ".join(f"{str(t).removeprefix('torch.')} {what}" for t, what, usual in
+                          ((dtype, "weights", torch.float32), (ids_dtype, "ids", torch.int64)) if t != usual)
         label = (f"forward_with_cache(<GPT n_layer={cfg.n_layer}, n_head={cfg.n_head}, block_size={cfg.block_size}>, "
-                 f"idx, cache) on a batch of {B}, fed chunks of {chunks} tokens")
+                 f"idx, cache) on a batch of {B}{f' ({kinds})' if kinds else ''}, fed chunks of {chunks} tokens")
         cache = call(KVCache, cfg.n_layer, label="KVCache(n_layer)")
         outs = []
         for j, part in enumerate(parts):
             where = f"{label}: chunk {j + 1} ({part.shape[1]} new, {bounds[j]} cached)"
             try:
-                got = forward_with_cache(theirs[shape], part, cache)
+                got = forward_with_cache(theirs[shape, dtype], part, cache)
             except NotImplementedError as err:
                 raise not_written(where, err) from None
             except LearnerError as err:  # the learner's bug, reported with the call that caused it
-                fail(f"{where} raised {describe_error(err)}", _forward_crash_hint(str(err), KVCache, j,
-                                                                                  part.shape[1]))
+                fail(f"{where} raised {describe_error(err)}",
+                     _forward_crash_hint(str(err), KVCache, j, part.shape[1], because))
             want = want_all[:, bounds[j]:bounds[j + 1]]
             if not isinstance(got, torch.Tensor):
                 fail(f"{where} returned {_type_name(got)}, expected logits of shape {tuple(want.shape)}")
@@ -473,41 +585,55 @@ def check_forward_with_cache(forward_with_cache, KVCache):
             if got.shape != want.shape:
                 hint = "return the logits of every new position, (B, T_new, vocab_size)" \
                     if got.shape[-1] == cfg.vocab_size else "the logits come from model.lm_head(model.ln_f(x))"
-                fail(f"{where} returned shape {_shape(got)}, expected {tuple(want.shape)}", hint)
+                fail(f"{where} returned shape {_shape(got)}, expected {tuple(want.shape)}", _also(hint, because))
             outs.append(got)
+            if got.dtype != want.dtype:
+                fail(f"{where} returned {str(got.dtype).removeprefix('torch.')} logits, expected "
+                     f"{str(want.dtype).removeprefix('torch.')} (the model's dtype)",
+                     _kv_cache_blame(KVCache) or _also("keep the model's dtype: no .float() and no tensor made "
+                                                       "without dtype= in the way of the activations", because))
             if not _close(got, want):
-                hint = _kv_cache_blame(KVCache) or _forward_mistake(model, parts[:j + 1], outs)
+                hint = _kv_cache_blame(KVCache) or _forward_mistake(model, parts[:j + 1], outs, because)
                 if not hint:
-                    hint = ("the prefill (an empty cache) must give the uncached model's logits: each block is "
-                            "x + attention_with_cache(block.attn, block.ln_1(x), cache, i), then "
-                            "x + block.mlp(block.ln_2(x)); then ln_f and lm_head") if j == 0 else \
-                        "check the positions (offset=cache.length) and that block i uses layer i of the cache"
+                    hint = _also(("the prefill (an empty cache) must give the uncached model's logits: each block is "
+                                  "x + attention_with_cache(block.attn, block.ln_1(x), cache, i), then "
+                                  "x + block.mlp(block.ln_2(x)); then ln_f and lm_head") if j == 0 else
+                                 "check the positions (offset=cache.length) and that block i uses layer i of the cache",
+                                 because)
                 fail(f"{where}: the logits differ from the uncached model's on the whole sequence by up to "
                      f"{_diff(got, want):.2e}", hint)
             length = call(lambda: cache.length, label="KVCache.length")
             if length != bounds[j + 1]:
                 fail(f"{where}: afterwards cache.length is {show(length)}, expected {bounds[j + 1]}",
-                     "every block appends the new positions' keys and values to its own layer of the cache")
+                     _also("every block appends the new positions' keys and values to its own layer of the cache",
+                           because))
 
 
-def _forward_crash_hint(error: str, KVCache, j: int, t_new: int) -> str:
+def _forward_crash_hint(error: str, KVCache, j: int, t_new: int, because: str) -> str:
     blame = _kv_cache_blame(KVCache)
     if blame:
         return blame
     if "block_size" in error or "index out of range" in error:
-        return "the new tokens' positions start at cache.length (read before the first block extends the cache)"
+        return _also("the new tokens' positions start at cache.length (read before the first block extends the "
+                     "cache)", because)
     if j and t_new > 1:
-        return ("several new tokens after cached ones: their mask must be causal_mask(T_new, T), the new queries "
-                f"being the last T_new of T positions ({FIX_ATTENTION})")
-    return ""
+        return _named("several new tokens after cached ones: their mask must be causal_mask(T_new, T), the new "
+                      "queries being the last T_new of T positions", FIX_ATTENTION, because)
+    return because
 
 
-def _forward_mistake(model, parts, outs) -> str:
+def _forward_mistake(model, parts, outs, because: str) -> str:
     for mistake, why in FORWARD_MISTAKES:
         replay = _replay(model, parts, mistake)
         if replay is not None and all(_close(o, r) for o, r in zip(outs, replay)):
-            return why
+            return _named(why, FIX_ATTENTION, because) if mistake in ATTENTION_MISTAKE_NAMES else _also(why, because)
     return ""
+
+
+def _named(why: str, fix: str, because: str) -> str:
+    """The hint of a mistake of an earlier cell's function: with ``judge.because_of``'s note when that cell failed,
+    else with ``fix`` ("fix attention_with_cache first ...")."""
+    return _also(why, because) if because else f"{why} ({fix})"
 
 
 # ---------------------------------------------------------------- CachedModel
@@ -522,47 +648,92 @@ def _wrap(CachedModel, theirs, config, label, **kwargs):
     return cm
 
 
-def _last_row(got, label, vocab) -> torch.Tensor:
+STOP_ITERATION = ("next(...) raises StopIteration when the iterator has nothing left (no cache matches, the first "
+                  "time): give it a default, next(iterator, None), or look the cache up with self.caches.get(key)")
+
+
+def _counted(cm, theirs, ids: list[int], label: str, because: str, hint: str = ""):
+    """(what the learner's CachedModel returned for ids, the positions the model ran meanwhile)."""
+    try:
+        return ask("kv_cache.counted", cm, theirs, torch.tensor([ids]))
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
+    except LearnerError as err:  # the learner's bug, with its line
+        fail(f"{label} raised {describe_error(err)}",
+             _also(STOP_ITERATION if err.type_name == "StopIteration" else hint, because))
+
+
+def _logits(got, label: str, ids: list[int], positions: int, vocab: int, because: str) -> torch.Tensor:
+    """The logits (1, T_new, V) that the learner's CachedModel returned for ``ids``, after running the model over
+    ``positions`` positions (0: not counted), checked for their shape: T_new is the number of positions it ran,
+    all of ids after a prefill, 1 after a decode step."""
     if not isinstance(got, torch.Tensor) or got.dim() != 3 or got.shape[0] != 1 or got.shape[-1] != vocab:
         fail(f"{label} returned {_shape(got) if isinstance(got, torch.Tensor) else show(got)}, expected logits "
-             f"of shape (1, T_new, {vocab})", "return what forward_with_cache returns for the positions it ran")
-    return got[0, -1].detach().float()
+             f"of shape (1, T_new, {vocab})",
+             _also("return what forward_with_cache returns for the positions it ran", because))
+    t_new = got.shape[1]
+    if positions and t_new != positions or not 1 <= t_new <= len(ids):
+        ran = f"after running the model over {positions} positions" if positions else f"for {len(ids)} ids"
+        fail(f"{label} returned logits of shape {_shape(got)} {ran}, expected (1, {positions or 'T_new'}, {vocab})",
+             "return the logits of every position the call ran through forward_with_cache, (1, T_new, V): all of "
+             "ids after a prefill, the last one after a decode step. The loops read only the last row, but "
+             "CachedModel stands for the model, whose logits cover the positions it computed")
+    return got[0].detach()
 
 
-def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode: bool = False) -> int:
-    """Ask the learner's CachedModel for the logits after ``ids`` and compare the last row with the model's;
-    return the number of positions it ran through the model (``theirs``, the model on the learner's side, counts
-    them: the new positions of every call reach block 0's ln_1). ``candidates``: (ids, why) pairs, the mistake
-    being "gave the logits after those ids". The mistakes of forward_with_cache are named too, on a prefill of
-    ids or, if ``decode``, a prefill of ids[:-1] and a decode step."""
-    out, positions = call(ask, "kv_cache.counted", cm, theirs, torch.tensor([ids]), label=label, hint=BUILT_ON)
-    got = _last_row(out, label, model.config.vocab_size)
+def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode: bool = False,
+           because: str = "") -> int:
+    """Ask the learner's CachedModel for the logits after ``ids`` and compare them with the model's; return the
+    number of positions it ran through the model (``theirs``, the model on the learner's side, counts them).
+    ``candidates``: (ids, why) pairs, the mistake being "gave the logits after those ids". The mistakes of
+    forward_with_cache are named too, on a prefill of ids or, if ``decode``, a prefill of ids[:-1] and a decode
+    step."""
+    out, positions = _counted(cm, theirs, ids, label, because)
+    rows = _logits(out, label, ids, positions, model.config.vocab_size, because)
+    got = rows[-1]
     want = _plain_last(model, ids)
     if _close(got, want):
+        with torch.no_grad():
+            want_rows = model(torch.tensor([ids]))[0, -rows.shape[0]:]
+        if not _close(rows, want_rows):
+            fail(f"{label}: the last row of the logits is right, but the {rows.shape[0]} rows differ from the "
+                 f"uncached model's logits of the last {rows.shape[0]} positions by up to {_diff(rows, want_rows):.2e}",
+                 _also("return forward_with_cache's logits as they are, every row", because))
         return positions
-    hint = next((why for seq, why in candidates if len(seq) <= model.config.block_size
+    hint = next((_also(why, because) for seq, why in candidates if len(seq) <= model.config.block_size
                  and _close(got, _plain_last(model, seq))), "")
     parts = [torch.tensor([ids[:-1]]), torch.tensor([ids[-1:]])] if decode else [torch.tensor([ids])]
-    hint = hint or next((why if FIX_ATTENTION in why else f"{why} ({FIX_FORWARD})" for mistake, why in FORWARD_MISTAKES
+    hint = hint or next((_named(why, FIX_ATTENTION if mistake in ATTENTION_MISTAKE_NAMES else FIX_FORWARD, because)
+                         for mistake, why in FORWARD_MISTAKES
                          if (replay := _replay(model, parts, mistake)) is not None
-                         and _close(got, replay[-1][0, -1])), BUILT_ON)
+                         and _close(got, replay[-1][0, -1])), "")
     fail(f"{label}: the last row of the logits differs from the uncached model's by up to {_diff(got, want):.2e}",
-         hint)
+         hint or because or BUILT_ON)
 
 
-def _check_probes(CachedModel, model, theirs, prompts) -> None:
+def _one_position(positions: int, what: str, hint: str) -> None:
+    """A call for which a cache of ids[:-1] is kept must run only the last token (0: not counted)."""
+    if positions not in (0, 1):
+        fail(f"{what} ran the model over {positions} positions for the one new token", hint)
+
+
+RUN_ONE = ("find the cache of ids[:-1] and run only the last token through forward_with_cache: that is the point of "
+           "the cache")
+
+
+def _check_probes(CachedModel, model, theirs, prompts, because) -> None:
     """Direct calls, the way the loops make them, each compared with the uncached model."""
     p, q = prompts
     cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
     name = "CachedModel(<GPT>)"
     seq = lambda ids: show(ids)  # noqa: E731
-    _probe(cm, model, theirs, p, f"{name} called first with ids {seq(p)} (a prefill)")
+    positions = _probe(cm, model, theirs, p, f"{name} called first with ids {seq(p)} (a prefill)", because=because)
+    if positions not in (0, len(p)):
+        fail(f"{name} called first with ids {seq(p)} (a prefill) ran the model over {positions} positions, "
+             f"expected {len(p)}", "a prefill runs every id of a new prompt once, through forward_with_cache")
     a, b, c = 5, 7, 11  # three different next tokens: two siblings (a, b) and a grandchild (c)
-    positions = _probe(cm, model, theirs, p + [a], f"{name}, then with {seq(p + [a])}", decode=True)
-    if positions not in (0, 1):  # 0: the learner's code does not go through block 0's ln_1 module
-        fail(f"{name}, called with {seq(p)} and then {seq(p + [a])}, ran the model over {positions} "
-             "positions for the one new token", "find the cache of ids[:-1] and run only the last token through "
-             "forward_with_cache: that is the point of the cache")
+    positions = _probe(cm, model, theirs, p + [a], f"{name}, then with {seq(p + [a])}", decode=True, because=because)
+    _one_position(positions, f"{name}, called with {seq(p)} and then {seq(p + [a])},", RUN_ONE)
     # A new prompt: a cache of the previous call must not be continued.
     _probe(cm, model, theirs, q, f"{name}, after {seq(p + [a])}, called with a new prompt {seq(q)}",
            [(p + [a] + q[-1:], "a stale cache was reused for a different prompt: the new prompt's last token was "
@@ -571,25 +742,82 @@ def _check_probes(CachedModel, model, theirs, prompts) -> None:
                                "KVCache"),
             (p + q[-1:], "a stale cache was reused for a different prompt: the cache of an earlier call, which holds "
                          "other tokens, was continued. A cache is reused only for ids whose ids[:-1] it holds "
-                         "exactly; otherwise prefill a fresh KVCache")])
-    # Beams: two continuations of one sequence, then the first one again.
-    _probe(cm, model, theirs, p + [b], f"{name}, after {seq(p + [a])}, called with {seq(p + [b])} (as beam search "
-                                       "does: two beams that share a history)",
-           [(p + [a, b], "beams: the second beam read the cache that the first beam had extended (one cache shared "
-                         "by the beams, in the order of the calls, or the parent's cache extended in place). Each "
-                         "beam needs the cache of its own history, ids[:-1]: extend a branch (new lists), never the "
-                         "parent that another beam may continue")])
-    _probe(cm, model, theirs, p + [a, c], f"{name}, after {seq(p + [b])}, called with {seq(p + [a, c])} (the "
-                                          "first beam continues)",
-           [(p + [b, c], "beams: the cache of the first beam was changed by the second one; the cache must follow "
-                         "each beam's own history: extend a branch (new lists), never a cache that another "
-                         "sequence still uses"),
-            (p + [a, b, c], "beams: the cache holds the tokens of every beam in the order they were computed; each "
-                            "beam needs the cache of its own history, ids[:-1]")])
+                         "exactly; otherwise prefill a fresh KVCache")], because=because)
+    # Beams: two continuations of one sequence, then the first one again; each finds the cache of its ids[:-1].
+    label = f"{name}, after {seq(p + [a])}, called with {seq(p + [b])} (as beam search does: two beams that share " \
+            "a history)"
+    positions = _probe(cm, model, theirs, p + [b], label, [
+        (p + [a, b], "beams: the second beam read the cache that the first beam had extended (one cache shared "
+                     "by the beams, in the order of the calls, or the parent's cache extended in place). Each "
+                     "beam needs the cache of its own history, ids[:-1]: extend a branch (new lists), never the "
+                     "parent that another beam may continue")], because=because)
+    _one_position(positions, label, f"beams: the cache of {seq(p)}, the parent of both beams, was no longer kept "
+                                    "when the second beam asked for it. Keep the parent after a beam extends it "
+                                    "(another beam may continue from it): extend a branch, new lists, and leave the "
+                                    "parent as it was, under its own ids")
+    label = f"{name}, after {seq(p + [b])}, called with {seq(p + [a, c])} (the first beam continues)"
+    positions = _probe(cm, model, theirs, p + [a, c], label, [
+        (p + [b, c], "beams: the cache of the first beam was changed by the second one; the cache must follow "
+                     "each beam's own history: extend a branch (new lists), never a cache that another "
+                     "sequence still uses"),
+        (p + [a, b, c], "beams: the cache holds the tokens of every beam in the order they were computed; each "
+                        "beam needs the cache of its own history, ids[:-1]")], because=because)
+    _one_position(positions, label, f"beams: the cache of {seq(p + [a])} was no longer kept when its beam "
+                                    "continued: keep a cache for each sequence asked for (up to max_entries of "
+                                    "them), not only the last one")
+    # A prompt of one id (its ids[:-1] is empty), then a decode step after it.
+    one = [c]
+    _probe(cm, model, theirs, one, f"{name}, after {seq(p + [a, c])}, called with a prompt of one id, {seq(one)}",
+           because=because)
+    positions = _probe(cm, model, theirs, one + [a], f"{name}, then with {seq(one + [a])}", decode=True,
+                       because=because)
+    _one_position(positions, f"{name}, called with {seq(one)} and then {seq(one + [a])},", RUN_ONE)
 
 
-def _check_window(CachedModel, model, theirs, prompt) -> None:
-    """Calls on the last block_size tokens of a growing sequence, as last_logits makes them: the window slides."""
+def _check_eviction(CachedModel, model, theirs, prompts, because) -> None:
+    """Three prompts with max_entries=3, then two beams of the first prompt: the first prompt's cache, used by the
+    first beam, is then the most recently used but one, and must still be kept for the second beam."""
+    p, q, r = prompts
+    a, b = 5, 7
+    cm = _wrap(CachedModel, theirs, model.config, "CachedModel", max_entries=3)
+    name = "CachedModel(<GPT>, max_entries=3)"
+    for ids in (p, q, r, p + [a]):
+        _probe(cm, model, theirs, ids, f"{name} called with {show(ids)} after {show(p)}, {show(q)} and {show(r)}"
+               if ids == p + [a] else f"{name} called with {show(ids)}", because=because)
+    label = (f"{name}, called with the prompts {show(p)}, {show(q)}, {show(r)}, then two beams of the first, "
+             f"{show(p + [a])} and {show(p + [b])}: for the second beam it")
+    positions = _probe(cm, model, theirs, p + [b], label, because=because)
+    _one_position(positions, label, f"the cache of {show(p)} was dropped, though the first beam had just used it: "
+                                    f"drop the LEAST recently used caches ({show(q)}'s, then {show(r)}'s). A cache "
+                                    "found for ids[:-1] becomes the most recently used one (OrderedDict: "
+                                    "move_to_end, or pop it and put it back); evict in insertion order only the "
+                                    "caches never used since")
+
+
+def _check_two_models(CachedModel, model, other, theirs, theirs_other, prompt, because) -> None:
+    """Two CachedModels of two models: the second one's call must not find the first one's cache."""
+    cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
+    cm_other = _wrap(CachedModel, theirs_other, other.config, "CachedModel")
+    _probe(cm, model, theirs, prompt, f"CachedModel(<GPT 1>) called with {show(prompt)}", because=because)
+    ids = prompt + [5]
+    label = (f"CachedModel(<GPT 2>), a second CachedModel of another GPT of the same shape, called with {show(ids)} "
+             f"after CachedModel(<GPT 1>) was called with {show(prompt)}")
+    past = _Cache(model.config.n_layer)
+    with torch.no_grad():
+        _forward(model, torch.tensor([prompt]), past)
+        mixed = _forward(other, torch.tensor([ids[-1:]]), past)[0, -1]
+    out, positions = _counted(cm_other, theirs_other, ids, label, because)
+    got = _logits(out, label, ids, positions, other.config.vocab_size, because)[-1]
+    if _close(got, mixed):
+        fail(f"{label}: its logits are GPT 2's last token on GPT 1's cached keys and values",
+             "the caches of one CachedModel are its own (self.caches, made in __init__): a dict at module level or "
+             "in the class is shared by every CachedModel, whatever model it wraps")
+    _probe(cm_other, other, theirs_other, ids, label, because=because)
+
+
+def _check_window(CachedModel, model, theirs, prompt, because) -> None:
+    """Calls on the last block_size tokens of a growing sequence, as last_logits makes them: the window fills up
+    (one new position a call, also when it is exactly full), then slides (a prefill a call)."""
     block = model.config.block_size
     cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
     ids = list(prompt)
@@ -602,11 +830,18 @@ def _check_window(CachedModel, model, theirs, prompt) -> None:
                 "tokens moves by one token every step, and every token sits at a new position (GPT-2's positions "
                 "are absolute): every cached key and value is stale. Prefill the new window from scratch (its "
                 "ids[:-1] is not a cached sequence)") if slid else ""
-        got = _last_row(call(cm, torch.tensor([window]), label=label, hint=hint), label, model.config.vocab_size)
+        out, positions = _counted(cm, theirs, window, label, because, hint)
+        rows = _logits(out, label, window, positions, model.config.vocab_size, because)
         want = _plain_last(model, window)
-        if not _close(got, want):
+        if not _close(rows[-1], want):
             fail(f"{label}: the last row of the logits differs from the uncached model's by up to "
-                 f"{_diff(got, want):.2e}", hint)
+                 f"{_diff(rows[-1], want):.2e}", _also(hint, because))
+        if step and not slid:  # the call before was window[:-1]: its cache is there
+            full = len(window) == block
+            _one_position(positions, f"{label}{' (a window exactly full)' if full else ''}",
+                          "the window is exactly full, not yet overfull: the cache of its first block_size - 1 ids "
+                          "is kept and still right; the window slides (and a prefill is needed) only once the "
+                          "sequence is LONGER than block_size" if full else RUN_ONE)
         ids.append(int(torch.argmax(want)))
 
 
@@ -626,7 +861,7 @@ def _check_memory(CachedModel, model, theirs) -> None:
              "memory grows without bound: keep at most max_entries caches, dropping the least recently used")
 
 
-def _check_loops(CachedModel, model, theirs, prompt, other) -> None:
+def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
     """The loops of chapters 5 and 6 (run on the learner's side, with the learner's CachedModel of ``theirs``), each
     compared with the same loop here with the plain model."""
     block = model.config.block_size
@@ -637,13 +872,13 @@ def _check_loops(CachedModel, model, theirs, prompt, other) -> None:
     got = call(ask, "kv_cache.stream", cm, prompt, n, label=f"token_stream(CachedModel({label}))")
     if got != want:
         fail(f"greedy token_stream with CachedModel({label}) gave {show(got)}; without the cache {show(want)}",
-             _first_difference(got, want, len(prompt), block))
+             _also(_first_difference(got, want, len(prompt), block), because))
     want = list(token_stream(model, other, n))
     got = call(ask, "kv_cache.stream", cm, other, n, label="token_stream(<the same CachedModel>, another prompt)")
     if got != want:
         fail(f"greedy token_stream with the same CachedModel on a second prompt gave {show(got)}; without the cache "
-             f"{show(want)}", "a stale cache of the first prompt was reused: a cache is reused only for ids whose "
-                              "ids[:-1] it holds exactly")
+             f"{show(want)}", _also("a stale cache of the first prompt was reused: a cache is reused only for ids "
+                                    "whose ids[:-1] it holds exactly", because))
     for seed in (3, 4):
         sampler = dict(do_sample=True, seed=seed, top_k=20)  # its own generator, seeded: the same draws on both sides
         want = list(token_stream(model, prompt, n, choose=Sampler(**sampler)))
@@ -651,7 +886,8 @@ def _check_loops(CachedModel, model, theirs, prompt, other) -> None:
                    label="token_stream(CachedModel(...), choose=Sampler(do_sample=True, ...))")
         if got != want:
             fail(f"seeded sampling (Sampler(do_sample=True, seed={seed}, top_k=20)) with CachedModel({label}) gave "
-                 f"{show(got)}; without the cache {show(want)}", _first_difference(got, want, len(prompt), block))
+                 f"{show(got)}; without the cache {show(want)}",
+                 _also(_first_difference(got, want, len(prompt), block), because))
     for num_beams, steps, entries in ((3, block - len(prompt), 16), (2, block, 16), (3, 6, 2)):
         want = beam_search(model, prompt, steps, num_beams=num_beams)
         label = f"beam_search(CachedModel(<GPT>, max_entries={entries}), <{len(prompt)} ids>, {steps}, " \
@@ -660,8 +896,8 @@ def _check_loops(CachedModel, model, theirs, prompt, other) -> None:
                    label=label)
         if got != want:
             fail(f"{label} gave {show(got)}; without the cache {show(want)}",
-                 "beams: each beam must continue the cache of its own history (the cache follows the beams as "
-                 "they are reordered); when the cache of ids[:-1] is gone, prefill")
+                 _also("beams: each beam must continue the cache of its own history (the cache follows the beams "
+                       "as they are reordered); when the cache of ids[:-1] is gone, prefill", because))
 
 
 def _first_difference(got, want, prompt_len, block) -> str:
@@ -674,15 +910,20 @@ def _first_difference(got, want, prompt_len, block) -> str:
 
 @cell("test_cached_model")
 def check_cached_model(CachedModel):
+    because = because_of(**USES_FORWARD)
     theirs = {}  # the learner's side's model of each shape
     for shape, prompt_len in (("a", 5), ("b", 3)):
         model, theirs[shape] = _models(shape), _model(shape)
         vocab = model.config.vocab_size
         p = _ids((prompt_len,), vocab, seed=730).tolist()
         q = _ids((prompt_len + 2,), vocab, seed=731).tolist()
-        _check_probes(CachedModel, model, theirs[shape], (p, q))
-        _check_window(CachedModel, model, theirs[shape], p)
-        _check_loops(CachedModel, model, theirs[shape], p, q)
+        _check_probes(CachedModel, model, theirs[shape], (p, q), because)
+        if shape == "a":
+            r = _ids((prompt_len + 1,), vocab, seed=732).tolist()
+            _check_two_models(CachedModel, model, _models("c"), theirs[shape], _model("c"), q, because)
+            _check_eviction(CachedModel, model, theirs[shape], (p, q, r), because)
+        _check_window(CachedModel, model, theirs[shape], p, because)
+        _check_loops(CachedModel, model, theirs[shape], p, q, because)
     _check_memory(CachedModel, _models("a"), theirs["a"])
 
 

@@ -29,21 +29,23 @@ def randomise(model, init_range: float):
 
 
 def seeded_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
-               init_range: float):
+               init_range: float, dtype: torch.dtype = torch.float32):
     """The course's reference GPT (chapter 4) of this shape, built and ``randomise``d after
-    ``torch.manual_seed(seed)`` (the caller's random state is given back), in eval mode."""
+    ``torch.manual_seed(seed)`` (the caller's random state is given back), in eval mode, then cast to ``dtype``."""
     from minigpt.transformer import GPT, GPTConfig
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                               n_embd=n_embd))
-        return randomise(model, init_range)
+        return randomise(model, init_range).to(dtype)
 
 
-def attention_case(n_embd: int, n_head: int, batch: int, length: int, seed: int):
-    """(a chapter 3 ``CausalSelfAttention`` with N(0, 0.5) weights, inputs x (batch, length, n_embd)), drawn in
-    that order after ``torch.manual_seed(seed)`` (the caller's random state is given back)."""
+def attention_case(n_embd: int, n_head: int, batch: int, length: int, seed: int, scale: float = 1.0,
+                   dtype: torch.dtype = torch.float32):
+    """(a chapter 3 ``CausalSelfAttention`` with N(0, 0.5) weights, inputs x (batch, length, n_embd) times
+    ``scale``), drawn in that order after ``torch.manual_seed(seed)`` (the caller's random state is given back),
+    then both cast to ``dtype``."""
     from minigpt.attention import CausalSelfAttention
 
     with torch.random.fork_rng(devices=[]):
@@ -52,7 +54,8 @@ def attention_case(n_embd: int, n_head: int, batch: int, length: int, seed: int)
         with torch.no_grad():
             for p in attn.parameters():
                 p.normal_(0.0, 0.5)
-        return attn, torch.randn(batch, length, n_embd)
+        x = torch.randn(batch, length, n_embd) * scale
+        return attn.to(dtype), x.to(dtype)
 
 
 def gpt_config(**fields):
@@ -99,19 +102,37 @@ def watched(fn, *args):
 
 
 def counted(fn, model, *args):
-    """``(fn(*args), the positions model computed meanwhile)``: the new positions of every forward pass reach block
-    0's ``ln_1``."""
-    positions = [0]
+    """``(fn(*args), the positions model computed meanwhile)``: the new positions of every forward pass reach the
+    token embedding, block 0's ``ln_1`` and its attention's ``c_attn``, and ``lm_head``; each of those modules
+    counts the positions it saw, and the answer is the largest count (0 when none of them was called: code that
+    uses their weights without calling them cannot be counted)."""
+    seen = {}
 
-    def count(module, inputs, output):
-        positions[0] += inputs[0].shape[-2]
+    def counter(name):
+        def count(module, inputs, output):
+            seen[name] = seen.get(name, 0) + inputs[0].shape[-1 if name == "wte" else -2]
+        return count
 
-    handle = model.h[0].ln_1.register_forward_hook(count)
+    modules = {"wte": model.emb.wte, "ln_1": model.h[0].ln_1, "c_attn": model.h[0].attn.c_attn,
+               "lm_head": model.lm_head}
+    handles = [m.register_forward_hook(counter(name)) for name, m in modules.items()]
     try:
         out = fn(*args)
     finally:
-        handle.remove()
-    return out, positions[0]
+        for handle in handles:
+            handle.remove()
+    return out, max(seen.values(), default=0)
+
+
+def _unwrapped(run):
+    """``run()``; a StopIteration of the learner's code that a generator of the course turned into "RuntimeError:
+    generator raised StopIteration" is raised as it was, so that its report names the learner's line."""
+    try:
+        return run()
+    except RuntimeError as err:
+        if isinstance(err.__cause__, StopIteration):
+            raise err.__cause__ from None
+        raise
 
 
 def stream(model, prompt: list[int], max_new_tokens: int, sampler: dict | None = None) -> list[int]:
@@ -120,14 +141,14 @@ def stream(model, prompt: list[int], max_new_tokens: int, sampler: dict | None =
     from minigpt.samplers import Sampler
 
     kwargs = {} if sampler is None else {"choose": Sampler(**sampler)}
-    return list(token_stream(model, list(prompt), max_new_tokens, **kwargs))
+    return _unwrapped(lambda: list(token_stream(model, list(prompt), max_new_tokens, **kwargs)))
 
 
 def beams(model, prompt: list[int], max_new_tokens: int, num_beams: int) -> list[int]:
     """Chapter 6's ``beam_search`` with ``model``."""
     from minigpt.samplers import beam_search
 
-    return beam_search(model, list(prompt), max_new_tokens, num_beams=num_beams)
+    return _unwrapped(lambda: beam_search(model, list(prompt), max_new_tokens, num_beams=num_beams))
 
 
 def held_bytes(root) -> int:
