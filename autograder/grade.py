@@ -166,7 +166,7 @@ def course_chapters(course_root: Path) -> list[str]:
 
 
 def graded_chapters(course_root: Path) -> list[str]:
-    """The chapters with something to grade: a cell worth points (the capstone, 08-capstone, has none)."""
+    """The chapters with something to grade: a cell worth points (the capstone, 09-capstone, has none)."""
     graded = []
     for ch in course_chapters(course_root):
         try:
@@ -600,7 +600,8 @@ def _run_once(s: Submission, nb: nbformat.NotebookNode, limits: Limits, sandboxe
                 work.mkdir()
                 shutil.copyfile(run_dir / "in" / name, work / name)
                 env = {**nbgrader_env(), "MINIGPT_JUDGE": str(run_dir / "sock" / "judge"),
-                       "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": str(threads)}
+                       "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": str(threads),
+                       "NBGRADER_EXECUTION": "autograde"}
                 outcome = sandbox.run([sys.executable, "-m", "autograder.execute", str(work / name), "--timeout",
                                        str(limits.cell_timeout)], box, env=env, cwd=work)
         executed = judge.executed

@@ -258,6 +258,8 @@ def error_data(err: BaseException) -> dict:
             "bases": [t.__name__ for t in type(err).__mro__ if t.__module__ == "builtins"]}
     try:
         data["where"] = learner_frame(err.__traceback__)
+        if isinstance(err.__cause__, StopIteration):  # "generator raised StopIteration": the line is the cause's
+            data["where"] = learner_frame(err.__cause__.__traceback__) or data["where"]
         if isinstance(err, NotImplementedError):
             data["not_written"] = innermost_function(err.__traceback__)
     except Exception:  # noqa: BLE001 (a frame we cannot read is a place we do not name)

@@ -130,6 +130,7 @@ def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: s
         "MPLCONFIGDIR": "/tmp/matplotlib", "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime",
         "IPYTHONDIR": "/tmp/ipython", "MINIGPT_JUDGE": str(INSIDE / "sock" / "judge"),
         "OMP_NUM_THREADS": str(threads),  # notebooks graded at once share the cores
+        "NBGRADER_EXECUTION": "autograde",  # as nbgrader autograde sets it: a notebook may skip its slow demos
     }
     for key, value in env.items():
         args += ["--setenv", key, value]

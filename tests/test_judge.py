@@ -140,6 +140,17 @@ def test_a_learners_error_comes_back_with_its_type_message_and_stub():
         call(c.stub, label="Counter.stub()")
 
 
+def test_a_stopiteration_turned_into_runtimeerror_is_placed_at_its_line():
+    def gen():
+        yield next(iter([]))  # StopIteration inside a generator: Python raises RuntimeError from it
+
+    _, (make,) = session_for(lambda: list(gen()))
+    with pytest.raises(RuntimeError) as err:
+        make()
+    assert err.value.where and err.value.where["function"].endswith("gen") and "next(iter([]))" in \
+        (err.value.where["text"] or "next(iter([]))")
+
+
 def test_the_learners_random_state_is_given_back():
     torch.manual_seed(5)
     before = torch.get_rng_state()

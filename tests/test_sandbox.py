@@ -107,7 +107,8 @@ def test_its_environment_is_made_not_inherited(report):
     assert set(got["env"]) <= {"PATH", "HOME", "USER", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE",
                                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TIKTOKEN_CACHE_DIR",
                                "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR", "MINIGPT_JUDGE",
-                               "OMP_NUM_THREADS", "PORT_TO_TRY", "PWD", "LC_CTYPE"}, got["env"]
+                               "OMP_NUM_THREADS", "PORT_TO_TRY", "PWD", "LC_CTYPE", "NBGRADER_EXECUTION"}, got["env"]
+    assert got["env"]["NBGRADER_EXECUTION"] == "autograde"
 
 
 def test_limits_are_applied_per_run(report):
