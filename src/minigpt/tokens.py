@@ -123,7 +123,8 @@ class Tokenizer:
         return ids
 
     def decode_bytes(self, ids: list[int]) -> bytes:
-        """The bytes of the tokens ``ids``, joined. Raises ValueError for an id not in the vocabulary."""
+        """The bytes of the tokens ``ids`` (a list or tuple of ints), joined. Raises ValueError for an id not in the
+        vocabulary."""
         try:
             return b"".join(self.vocab[i] for i in ids)
         except (KeyError, TypeError):

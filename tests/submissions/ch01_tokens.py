@@ -4,7 +4,16 @@ it, and different-but-correct answers, each of which must get full marks.
 Solution cells: `pre_split`, `bpe_merge`, `tokenizer` (the whole `Tokenizer` class), `train_bpe` (not graded).
 Test cells: test_pre_split, test_bpe_merge, test_encode_ordinary, test_special_tokens, test_decode,
 test_matches_tiktoken. The tokenizer's tests use `pre_split` and `bpe_merge`, so a mistake there also costs
-their points; a mistake in the `Tokenizer` must cost nothing in the cells before it.
+their points, with a message that says which of them fails its own test (`judge.because_of`: "it uses your
+bpe_merge, ..."); a mistake in the `Tokenizer` must cost nothing in the cells before it.
+
+Issue 12's classes, each with mutants below: sizes (no ids: decode-empty; a piece longer than any token:
+bpe-recursive; nothing allowed: encode-empty-allowed), input types (ids as a tuple: decode-list-only; a tokenizer
+made without special tokens, or with others: encode-fixed-special-list), interactions (several allowed special
+tokens in one text: encode-one-special), state shared between tokenizers (cache-in-module, cache-on-class,
+special-tokens-on-class), behaviour the notebook states (the ranks given are left as they are: specials-into-ranks;
+equal ranks merge leftmost first: bpe-ties-rightmost). Numeric range, dtypes of tensors and gradients do not arise
+in this chapter: its ids are Python ints, and decode promises nothing for numpy or torch integers.
 """
 from __future__ import annotations
 
@@ -18,6 +27,10 @@ REFERENCE_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 # contractions or Unicode spares them.
 TOKENIZER_TESTS = ("test_encode_ordinary", "test_special_tokens", "test_matches_tiktoken")
 TEXT_TESTS = ("test_encode_ordinary", "test_matches_tiktoken")
+# What the tokenizer's cells say when they lose points through an earlier function (judge.because_of).
+USES_BPE = "uses your bpe_merge"
+USES_SPLIT = "uses your pre_split"
+USES_DECODE = "uses your decode"
 
 
 def _pattern(new: str) -> Edit:
@@ -43,6 +56,44 @@ DECODE_BYTES_BODY = """\
 DECODE_BODY = """\
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 """
+CLASS_DOC = '''    """Byte-level BPE: ``encode`` turns text into token ids and ``decode`` turns ids back into text."""
+'''
+ENCODE_ORDINARY_BODY = """\
+        ids = []
+        for piece in pre_split(text):
+            piece_ids = self._piece_ids.get(piece)
+            if piece_ids is None:
+                piece_ids = [self.ranks[part] for part in bpe_merge(piece.encode("utf-8"), self.ranks)]
+                if len(self._piece_ids) < 200_000:  # bounded: a long-lived tokenizer must not grow forever
+                    self._piece_ids[piece] = piece_ids
+            ids.extend(piece_ids)
+        return ids
+"""
+ENCODE_SPLIT = """\
+        # Longest first, so that a special token that contains another one wins.
+        splitter = "(" + "|".join(regex.escape(t) for t in sorted(allowed, key=len, reverse=True)) + ")"
+        ids = []
+        for i, part in enumerate(regex.split(splitter, text)):
+            if i % 2:  # the odd parts of a split with one capture group are the separators
+                ids.append(self.special_tokens[part])
+            elif part:
+                ids.extend(self.encode_ordinary(part))
+        return ids
+"""
+BPE_MERGE_BODY = """\
+    parts = [bytes([b]) for b in piece]
+    while len(parts) > 1:
+        best = None  # (rank, index) of the mergeable pair learned first
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and (best is None or rank < best[0]):
+                best = (rank, i)
+        if best is None:
+            break
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+"""
 
 MUTANTS = [
     # ---- bpe_merge: the order of merges
@@ -51,20 +102,27 @@ MUTANTS = [
         "merges the leftmost mergeable pair, not the lowest rank",
         (Edit("bpe_merge", "                best = (rank, i)\n",
               "                best = (rank, i)\n                break  # the first pair that can merge\n"),),
-        {"test_bpe_merge": "LOWEST rank", **{t: "" for t in TOKENIZER_TESTS}},
+        {"test_bpe_merge": "LOWEST rank", **{t: USES_BPE for t in TOKENIZER_TESTS}},
     ),
     Mutant(
         "bpe-highest-rank",
         "merges the highest rank first",
         (Edit("bpe_merge", "rank < best[0]", "rank > best[0]"),),
-        {"test_bpe_merge": "highest rank first", **{t: "" for t in TOKENIZER_TESTS}},
+        {"test_bpe_merge": "highest rank first", **{t: USES_BPE for t in TOKENIZER_TESTS}},
     ),
     Mutant(
         "bpe-one-merge",
         "stops after the first merge",
         (Edit("bpe_merge", "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n",
               "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n        break\n"),),
-        {"test_bpe_merge": "stopped after one merge", **{t: "" for t in TOKENIZER_TESTS}},
+        {"test_bpe_merge": "stopped after one merge", **{t: USES_BPE for t in TOKENIZER_TESTS}},
+    ),
+    Mutant(
+        "bpe-ties-rightmost",
+        "among pairs of equal rank (the same pair twice), merges the rightmost: `<=` where `<` belongs",
+        (Edit("bpe_merge", "rank < best[0]", "rank <= best[0]"),),
+        # Ties come from runs of one character: the long runs of the encode_ordinary test show them.
+        {"test_bpe_merge": "merge the first (leftmost) one", "test_encode_ordinary": USES_BPE},
     ),
     # ---- pre_split: the regular expression
     Mutant(
@@ -72,7 +130,7 @@ MUTANTS = [
         "pre-split without the contraction alternative",
         (_pattern(r""" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""),),
         {"test_pre_split": "contractions 's 't 're 've 'm 'll 'd are pieces of their own",
-         **{t: "" for t in TEXT_TESTS}},
+         **{t: USES_SPLIT for t in TEXT_TESTS}},
     ),
     Mutant(
         "split-contractions-any-case",
@@ -85,13 +143,13 @@ MUTANTS = [
         "split-ascii",
         "ASCII letters and digits instead of \\p{L} and \\p{N}",
         (_pattern(r"""'(?:[sdmt]|ll|ve|re)| ?[a-zA-Z]+| ?[0-9]+| ?[^\sa-zA-Z0-9]+|\s+(?!\S)|\s+"""),),
-        {"test_pre_split": "Unicode letter", **{t: "" for t in TEXT_TESTS}},
+        {"test_pre_split": "Unicode letter", **{t: USES_SPLIT for t in TEXT_TESTS}},
     ),
     Mutant(
         "split-no-space-rule",
         "pre-split without the \\s+(?!\\S) whitespace rule",
         (_pattern(r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+"""),),
-        {"test_pre_split": "the last space joins the word (\\s+(?!\\S))", **{t: "" for t in TOKENIZER_TESTS}},
+        {"test_pre_split": "the last space joins the word (\\s+(?!\\S))", **{t: USES_SPLIT for t in TOKENIZER_TESTS}},
     ),
     # ---- encode: special tokens
     Mutant(
@@ -120,13 +178,123 @@ MUTANTS = [
         "decode token by token",
         (Edit("tokenizer", DECODE_BODY,
               '        return "".join(self.decode_bytes([i]).decode("utf-8", errors="replace") for i in ids)\n'),),
-        {"test_decode": "decoded token by token", "test_matches_tiktoken": ""},
+        {"test_decode": "decoded token by token", "test_matches_tiktoken": USES_DECODE},
     ),
     Mutant(
         "decode-keyerror",
         "decode_bytes raises KeyError on an unknown id",
         (Edit("tokenizer", DECODE_BYTES_BODY, '        return b"".join(self.vocab[i] for i in ids)\n'),),
         {"test_decode": "raised KeyError: 50257"},
+    ),
+    # ---- issue 12: sizes
+    Mutant(
+        "decode-empty",
+        "decode_bytes starts from the first id's bytes, so that no ids at all is an IndexError",
+        (Edit("tokenizer", '            return b"".join(self.vocab[i] for i in ids)\n', """\
+            out = self.vocab[ids[0]]
+            for i in ids[1:]:
+                out += self.vocab[i]
+            return out
+"""),),
+        # decode(encode("")) round-trips through it too.
+        {"test_decode": "no ids, no text", "test_matches_tiktoken": USES_DECODE},
+    ),
+    Mutant(
+        "bpe-recursive",
+        "bpe_merge calls itself once per merge: a piece longer than any token runs past the recursion limit",
+        (Edit("bpe_merge", BPE_MERGE_BODY, """\
+    return _merge_parts([bytes([b]) for b in piece], ranks)
+
+
+def _merge_parts(parts: list[bytes], ranks: dict[bytes, int]) -> list[bytes]:
+    \"\"\"Merge the lowest-rank pair of neighbours, then merge the rest the same way.\"\"\"
+    pairs = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if a + b in ranks]
+    if not pairs:
+        return parts
+    _, i = min(pairs)
+    return _merge_parts(parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:], ranks)
+"""),),
+        {"test_bpe_merge": "recursion limit", "test_encode_ordinary": USES_BPE},
+    ),
+    Mutant(
+        "encode-empty-allowed",
+        "encode builds its special-token pattern even when nothing is allowed ('()', which splits everywhere)",
+        (Edit("tokenizer", "        if not allowed:\n            return self.encode_ordinary(text)\n", ""),),
+        {"test_special_tokens": "with no special token allowed"},
+    ),
+    # ---- issue 12: input types
+    Mutant(
+        "decode-list-only",
+        "decode_bytes refuses ids that are not a list (a tuple of ids is a TypeError)",
+        (Edit("tokenizer", DECODE_BYTES_BODY, """\
+        if not isinstance(ids, list):
+            raise TypeError(f"ids must be a list of ints, not {type(ids).__name__}")
+""" + DECODE_BYTES_BODY),),
+        {"test_decode": "a tuple as well as a list"},
+    ),
+    Mutant(
+        "encode-fixed-special-list",
+        "encode checks a fixed list of special tokens (GPT-2's) instead of the tokenizer's own",
+        (Edit("tokenizer", "        for token in self.special_tokens:\n            if token not in allowed",
+              '        for token in ["<|endoftext|>"]:  # the special token GPT-2 has\n'
+              '            if token not in allowed'),),
+        # tok2's <|fim|> must raise when it is not allowed: the fixed list lets it through.
+        {"test_special_tokens": "not a fixed list"},
+    ),
+    # ---- issue 12: interactions
+    Mutant(
+        "encode-one-special",
+        "encode splits the text at one allowed special token only",
+        (Edit("tokenizer", ENCODE_SPLIT, """\
+        token = next(iter(allowed))  # the special token to cut the text at
+        ids = []
+        for i, part in enumerate(text.split(token)):
+            if i:
+                ids.append(self.special_tokens[token])
+            ids.extend(self.encode_ordinary(part))
+        return ids
+"""),),
+        {"test_special_tokens": "split at every allowed special token"},
+    ),
+    # ---- issue 12: state shared between tokenizers
+    Mutant(
+        "cache-on-class",
+        "the cache of pieces made a class attribute (the given __init__'s line moved up): every tokenizer shares it",
+        (Edit("tokenizer", "        self._piece_ids: dict[str, list[int]] = {}\n", ""),
+         Edit("tokenizer", CLASS_DOC, CLASS_DOC + "\n    _piece_ids: dict[str, list[int]] = {}  # ids of pieces merged\n")),
+        {"test_encode_ordinary": "your tokenizers share answers"},
+    ),
+    Mutant(
+        "cache-in-module",
+        "the cache of pieces is a dict of the module, keyed by the piece alone: every tokenizer shares it",
+        (Edit("tokenizer", "#| export\nclass Tokenizer:",
+              "#| export\n_PIECE_IDS: dict[str, list[int]] = {}  # the ids of every piece merged so far\n\n\n"
+              "class Tokenizer:"),
+         Edit("tokenizer", ENCODE_ORDINARY_BODY, ENCODE_ORDINARY_BODY.replace("self._piece_ids", "_PIECE_IDS"))),
+        {"test_encode_ordinary": "your tokenizers share answers"},
+    ),
+    Mutant(
+        "special-tokens-on-class",
+        "special tokens gathered into a dict of the class: a tokenizer gets those of the ones made before it",
+        (Edit("tokenizer", "        self.special_tokens = dict(special_tokens or {})\n",
+              "        self.special_tokens.update(special_tokens or {})\n"),
+         Edit("tokenizer", CLASS_DOC, CLASS_DOC + "\n    special_tokens: dict[str, int] = {}\n")),
+        # The tokenizers of the decode test then know the <|fim|> of the special-token test's.
+        {"test_special_tokens": "made without special tokens", "test_decode": "another tokenizer"},
+    ),
+    # ---- issue 12: behaviour the notebook states (the ranks given are left as they are)
+    Mutant(
+        "specials-into-ranks",
+        "__init__ adds the special tokens to the caller's ranks, to build the vocabulary from one dict",
+        (Edit("tokenizer", """\
+        self.vocab = {rank: token for token, rank in ranks.items()}  # id -> bytes
+        self.vocab.update({i: s.encode("utf-8") for s, i in self.special_tokens.items()})
+""", """\
+        for s, i in self.special_tokens.items():  # special tokens are tokens too
+            ranks[s.encode("utf-8")] = i
+        self.vocab = {rank: token for token, rank in ranks.items()}  # id -> bytes
+"""),),
+        {"test_special_tokens": "changed the ranks it was given"},
     ),
     # ---- not writing it at all: the grading kernel holds back the reference of the chapter being graded
     Mutant(
@@ -162,17 +330,6 @@ def bpe_merge(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
         parts = merged
     return parts
 '''
-ENCODE_ORDINARY_BODY = """\
-        ids = []
-        for piece in pre_split(text):
-            piece_ids = self._piece_ids.get(piece)
-            if piece_ids is None:
-                piece_ids = [self.ranks[part] for part in bpe_merge(piece.encode("utf-8"), self.ranks)]
-                if len(self._piece_ids) < 200_000:  # bounded: a long-lived tokenizer must not grow forever
-                    self._piece_ids[piece] = piece_ids
-            ids.extend(piece_ids)
-        return ids
-"""
 NO_CACHE_ENCODE_ORDINARY = """\
         return [self.ranks[part] for piece in pre_split(text) for part in bpe_merge(piece.encode("utf-8"), self.ranks)]
 """
@@ -295,6 +452,77 @@ def pre_split(text: str) -> list[str]:
     return [m.group() for m in GPT2_SPLIT.finditer(text)]
 '''
 
+# A vocabulary list indexed by id (None where no token has that id); a cache of pieces by functools.lru_cache on a
+# method, keyed by (self, piece); special tokens found with finditer; ids checked one by one as they are joined.
+LIST_VOCAB_INIT = """\
+        size = max([*ranks.values(), *self.special_tokens.values()], default=-1) + 1
+        self.vocab: list[bytes | None] = [None] * size  # id -> bytes, None where no token has that id
+        for token, rank in ranks.items():
+            self.vocab[rank] = token
+        for s, i in self.special_tokens.items():
+            self.vocab[i] = s.encode("utf-8")
+"""
+REFERENCE_INIT_TAIL = """\
+        self.vocab = {rank: token for token, rank in ranks.items()}  # id -> bytes
+        self.vocab.update({i: s.encode("utf-8") for s, i in self.special_tokens.items()})
+        self._piece_ids: dict[str, list[int]] = {}
+"""
+LRU_ENCODE_ORDINARY = """\
+        return [i for piece in pre_split(text) for i in self._piece_ids(piece)]
+
+    @functools.lru_cache(maxsize=2**16)  # keyed by (self, piece): each tokenizer has entries of its own
+    def _piece_ids(self, piece: str) -> tuple[int, ...]:
+        return tuple(self.ranks[part] for part in bpe_merge(piece.encode("utf-8"), self.ranks))
+"""
+FINDITER_SPLIT = """\
+        pattern = regex.compile("|".join(regex.escape(t) for t in sorted(allowed, key=len, reverse=True)))
+        ids, start = [], 0
+        for m in pattern.finditer(text):
+            ids += self.encode_ordinary(text[start:m.start()])
+            ids.append(self.special_tokens[m.group()])
+            start = m.end()
+        return ids + self.encode_ordinary(text[start:])
+"""
+LIST_DECODE_BYTES = """\
+        out = []
+        for i in ids:
+            token = self.vocab[i] if isinstance(i, int) and 0 <= i < len(self.vocab) else None
+            if token is None:
+                raise ValueError(f"token id {i!r} is not in the vocabulary")
+            out.append(token)
+        return b"".join(out)
+"""
+
+# pre_split by regex.split on the pattern in a capture group; bpe_merge from a dict {position: rank} of the pairs
+# that can merge; ids checked all at once before joining; decode through str(bytes, encoding, errors).
+SPLIT_PRE_SPLIT = '''\
+#| export
+PIECE = r"""'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"""
+
+
+def pre_split(text: str) -> list[str]:
+    """Cut ``text`` into the pieces GPT-2 encodes separately: split at every piece, keep the pieces."""
+    return [p for p in regex.split(f"({PIECE})", text) if p]
+'''
+PAIRS_DICT_MERGE = '''\
+#| export
+def bpe_merge(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
+    """Split ``piece`` into tokens by merging neighbouring parts, lowest rank first, until none can merge."""
+    parts = [bytes([b]) for b in piece]
+    while True:
+        pairs = {i: ranks[parts[i] + parts[i + 1]] for i in range(len(parts) - 1) if parts[i] + parts[i + 1] in ranks}
+        if not pairs:
+            return parts
+        i = min(pairs, key=pairs.get)  # the lowest rank; among equal ranks, the first position
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+'''
+CHECKED_DECODE_BYTES = """\
+        unknown = [i for i in ids if i not in self.vocab]
+        if unknown:
+            raise ValueError(f"token ids not in the vocabulary: {unknown[:5]}")
+        return b"".join(self.vocab[i] for i in ids)
+"""
+
 VARIANTS = [
     Variant(
         "minbpe-no-cache",
@@ -326,5 +554,22 @@ VARIANTS = [
         except KeyError as err:
             raise ValueError(f"no token with id {err.args[0]}") from None
 """),),
+    ),
+    Variant(
+        "list-vocab-lru-cache",
+        "a vocabulary list indexed by id; functools.lru_cache on a method; special tokens found with finditer",
+        edits=(Edit("tokenizer", "#| export\nclass Tokenizer:", "#| export\nimport functools\n\n\nclass Tokenizer:"),
+               Edit("tokenizer", REFERENCE_INIT_TAIL, LIST_VOCAB_INIT),
+               Edit("tokenizer", ENCODE_ORDINARY_BODY, LRU_ENCODE_ORDINARY),
+               Edit("tokenizer", ENCODE_SPLIT, FINDITER_SPLIT),
+               Edit("tokenizer", DECODE_BYTES_BODY, LIST_DECODE_BYTES)),
+    ),
+    Variant(
+        "regex-split-pairs-dict",
+        "pre_split with regex.split on a captured pattern; bpe_merge from a dict of mergeable pairs; ids checked "
+        "before joining; str(bytes, 'utf-8', 'replace')",
+        cells={"pre_split": SPLIT_PRE_SPLIT, "bpe_merge": PAIRS_DICT_MERGE},
+        edits=(Edit("tokenizer", DECODE_BYTES_BODY, CHECKED_DECODE_BYTES),
+               Edit("tokenizer", DECODE_BODY, '        return str(self.decode_bytes(ids), "utf-8", "replace")\n')),
     ),
 ]
