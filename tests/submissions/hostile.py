@@ -316,7 +316,14 @@ for target in (os.getppid(), 1, -1):
 os.kill(-1, signal.SIGKILL)  # everything this user may signal
 '''
 OTHER_KERNELS = EVERYWHERE + r'''
-print("PROBE kernels:", sorted(everywhere("*/kernel-*.json")))
+import json
+def connection_file(path):  # a kernel's: JSON with the ports and the key that let one talk to it
+    try:
+        info = json.load(open(path))
+        return isinstance(info, dict) and "key" in info and "shell_port" in info
+    except Exception:
+        return False
+print("PROBE kernels:", sorted(p for p in everywhere("*/kernel-*.json") if connection_file(p)))
 '''
 SURVIVOR = r'''
 import os, subprocess, sys
