@@ -115,6 +115,66 @@ def test_no_repeat_ngram_equals_hf(seed, n, length):
     assert same(ban_repeated_ngrams(z, ids, n), NoRepeatNGramLogitsProcessor(n)(ids, z.clone()))
 
 
+@pytest.mark.parametrize("f, bad", [(top_k_filter, -1), (top_p_filter, 0.0), (top_p_filter, 1.5),
+                                    (top_p_filter, float("nan")), (min_p_filter, -0.1), (min_p_filter, 1.5),
+                                    (min_p_filter, float("nan"))], ids=lambda v: getattr(v, "__name__", repr(v)))
+def test_filters_reject_settings_out_of_range_nan_included(f, bad):
+    with pytest.raises(ValueError):
+        f(random_logits(1), bad)
+
+
+@pytest.mark.parametrize("shift", [1e4, -1e4])
+def test_filters_equal_hf_far_from_zero(shift):
+    """exp overflows above 88 and underflows below -103 in float32: the reference's softmax does neither."""
+    z = random_logits(5, rows=4, removed=0.3) + shift
+    assert same(top_p_filter(z, 0.8), TopPLogitsWarper(0.8)(None, z.clone()))
+    assert same(min_p_filter(z, 0.1), MinPLogitsWarper(0.1)(None, z.clone()))
+
+
+def test_functions_leave_their_inputs_alone_and_keep_float64():
+    z = random_logits(6, rows=2, vocab=20, removed=0.2).double()
+    ids = torch.tensor([[1, 2, 3, 1, 2], [4, 4, 5, 6, 4]])
+    calls = [(apply_temperature, (0.7,)), (top_k_filter, (5,)), (top_p_filter, (0.8,)), (min_p_filter, (0.2,)),
+             (apply_repetition_penalty, (ids, 1.3)), (apply_presence_frequency_penalty, (ids, 1, 0.5, 0.25)),
+             (ban_repeated_ngrams, (ids, 2))]
+    for f, args in calls:
+        before = z.clone(), ids.clone()
+        out = f(z, *args)
+        assert out.dtype == torch.float64, f
+        assert torch.equal(z, before[0]) and torch.equal(ids, before[1]), f
+    assert torch.equal(ids, before[1])
+    before = z.clone()
+    sample_from_logits(z, torch.Generator().manual_seed(0))
+    assert torch.equal(z, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_penalties_take_int32_ids_and_no_ids_yet(dtype):
+    z = random_logits(7, rows=2, vocab=10)
+    ids = torch.tensor([[1, 2, 2, 3, 3, 3], [4, 4, 4, 4, 5, 6]], dtype=dtype)
+    assert same(apply_repetition_penalty(z, ids, 1.3), RepetitionPenaltyLogitsProcessor(1.3)(ids.long(), z.clone()))
+    assert same(ban_repeated_ngrams(z, ids, 2), NoRepeatNGramLogitsProcessor(2)(ids.long(), z.clone()))
+    got = apply_presence_frequency_penalty(z, ids, 2, 0.5, 0.25)
+    assert same(got, checks._openai(z, ids.long(), 2, 0.5, 0.25))
+    none = ids[:, :0]
+    for n in (1, 2):
+        assert same(ban_repeated_ngrams(z, none, n), z)
+    assert same(apply_repetition_penalty(z, none, 1.3), z)
+    assert same(apply_presence_frequency_penalty(z, none, 0, 0.5, 0.25), z)
+
+
+def test_the_in_place_helper_tells_a_changed_argument():
+    """``helpers.samplers.run``, through which the checks call every learner function: it reports in-place changes
+    of tensors and lists, and nothing for a function that only reads them."""
+    from autograder.helpers import samplers as helpers
+
+    z, ids = torch.zeros(2, 3), [1, 2]
+    assert helpers.run(lambda x, i: x + 1, z, ids)[1] == [False, False]
+    assert helpers.run(lambda x, i: x.add_(1), z.clone(), ids)[1] == [True, False]
+    assert helpers.run(lambda x, i: i.append(3), z, list(ids))[1] == [False, True]
+    assert list(helpers.one_pass([4, 5])) == [4, 5]
+
+
 def test_presence_and_frequency_penalties_count_only_generated_tokens():
     z = random_logits(3, rows=2, vocab=10)
     ids = torch.tensor([[1, 2, 2, 3, 3, 3], [4, 4, 4, 4, 5, 6]])
@@ -183,6 +243,14 @@ def test_sample_frequencies_follow_softmax_chi_square():
         assert p_wrong < 1e-100
 
 
+def test_sample_gives_one_id_for_one_row_and_handles_logits_far_from_zero():
+    z = random_logits(8, rows=1)
+    assert sample_from_logits(z, torch.Generator().manual_seed(0)).shape == (1,)
+    far = random_logits(9, rows=64, removed=0.3) + 1e4
+    want = torch.multinomial(far.softmax(-1), 1, generator=torch.Generator().manual_seed(2)).squeeze(-1)
+    assert torch.equal(sample_from_logits(far, torch.Generator().manual_seed(2)), want)
+
+
 def test_sample_draws_are_torch_multinomials_with_the_generator():
     z = random_logits(4, rows=64)
     got = sample_from_logits(z, torch.Generator().manual_seed(9))
@@ -249,6 +317,21 @@ def test_hidden_beam_cases_have_beams_that_finish_early():
         elif any(h and h[-1] in eos for h in hyps):
             other_ends += 1
     assert best_ends >= 3 and other_ends >= 2, (best_ends, other_ends)
+
+
+def test_beam_search_with_one_beam_is_greedy_and_takes_eos_ids_as_any_iterable():
+    model, hf = checks._beam_models("a")
+    prompt = [3, 14, 15, 9]
+    liked = checks._liked_tokens("a", tuple(prompt), 10)
+    for eos in ([], liked[:1]):
+        greedy = checks._hf_beams(hf, prompt, 10, 1, 1.0, eos)
+        for lp in (1.0, 2.0, -1.0):
+            assert beam_search(model, prompt, 10, 1, lp, eos) == greedy[0], (eos, lp)
+    want = checks._hf_beams(hf, prompt, 10, 3, 1.0, liked[:2])[0]
+    for eos in (tuple(liked[:2]), set(liked[:2]), (t for t in liked[:2])):
+        kept = list(prompt)
+        assert beam_search(model, kept, 10, 3, 1.0, eos) == want
+        assert kept == prompt
 
 
 @pytest.mark.parametrize("model_name", sorted(checks.BEAM_MODELS))
@@ -335,8 +418,8 @@ def test_nan_logits_raise_value_error():
         Sampler(do_sample=True)(torch.tensor([0.0, float("nan"), 1.0]), [0])
 
 
-def test_apply_temperature_rejects_zero_and_negative():
-    for t in (0.0, -1.0):
+def test_apply_temperature_rejects_zero_negative_and_nan():
+    for t in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="temperature"):
             apply_temperature(torch.zeros(3), t)
 

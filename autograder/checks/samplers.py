@@ -21,6 +21,15 @@ keep every running total away from p; likewise min-p thresholds, and ties where 
 
 When a result is wrong, a check computes what each known mistake gives on the same input and names the
 one that matches.
+
+Besides the values, the checks hold the learner to what the notebook states: every call runs on the learner's side
+through ``helpers.samplers.run``, which says whether it changed its arguments in place (the logits, the ids, the
+prompt list); float64 logits come back float64; ids may be int32 as well as int64, and there may be none yet
+(shape (B, 0)); a single row (V,) and a batch of one (1, V) work; logits near +-1e4, where a naive exp overflows or
+underflows, give the same answers as elsewhere; every setting out of range, NaN included, raises ValueError;
+beam search with one beam is greedy decoding, and takes eos_ids as any iterable, a generator included. No test
+cell's function calls a learner's function of another test cell (sampling and beam search use only their own
+cell's code and the course's chapter 5), so no failure here is charged twice.
 """
 from __future__ import annotations
 
@@ -35,10 +44,11 @@ from transformers import (GPT2Config, GPT2LMHeadModel, MinPLogitsWarper, NoRepea
                           TopPLogitsWarper)
 
 from autograder.helpers import samplers as recipes
-from autograder.judge import Remote, cell, learner_side, make, seeded, type_of
+from autograder.judge import Remote, ask, cell, learner_side, make, seeded, type_of
 from coursekit.testing import call, describe_error, fail, not_written, quiet_transformers, show
 
 NEG_INF = float("-inf")
+NAN = float("nan")
 ATOL = 1e-6
 RTOL = 1e-6
 MARGIN = 1e-4  # how far every running total (top-p) or probability (min-p) stays from the cut
@@ -54,12 +64,40 @@ def _seeded(seed: int):
 
 
 def _t(x: torch.Tensor) -> str:
-    return f"<{'logits' if x.is_floating_point() else 'ids'} of shape {tuple(x.shape)}>"
+    """<logits of shape (4, 30)>, with the dtype when it is not float32 (logits) or int64 (ids), and where the logits
+    are when they are far from 0 (<float64 logits near -10000 of shape (4, 30)>)."""
+    kind = "logits" if x.is_floating_point() else "ids"
+    dtype = "" if x.dtype in (torch.float32, torch.int64) else f"{str(x.dtype).removeprefix('torch.')} "
+    near = ""
+    if x.is_floating_point() and torch.isfinite(x).any():
+        centre = x[torch.isfinite(x)].double().mean().item()
+        near = f" near {centre:.0f}" if abs(centre) > 1000 else ""
+    return f"<{dtype}{kind}{near} of shape {tuple(x.shape)}>"
 
 
 def _call(fn, *args, label: str, on_error: str = ""):
-    """``coursekit.testing.call`` on fresh copies of the inputs, which the learner's function may change in place."""
-    return call(fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args], label=label, hint=on_error)
+    """``fn(*args)`` on the learner's side, on fresh copies of the inputs, as ``coursekit.testing.call`` calls it (a
+    stub is "not written yet", an error is named with the learner's line and ``on_error``), through
+    ``helpers.samplers.run``: ``(what came back, [whether the call changed args[i] in place])``."""
+    answer = call(ask, "samplers.run", fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args],
+                  label=label, hint=on_error)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], list)
+            and len(answer[1]) == len(args)):
+        fail(f"{label}: the notebook's side answered {show(answer)}, not what the grader asked for")
+    return answer
+
+
+IN_PLACE = ("compute new tensors and leave the ones you are given as they were: logits / t, logits.masked_fill(...), "
+            "torch.where(...), or a clone that you then change; not logits /= t, masked_fill_, scatter_ or "
+            "logits[...] = ... on the caller's tensor (the caller may still need it: the Sampler, a beam, a second "
+            "setting tried on the same logits)")
+
+
+def _unchanged(changed: list, names: tuple, label: str) -> None:
+    """Fail if the call changed one of its arguments in place; ``names[i]`` names args[i] (None: not checked)."""
+    for name, was_changed in zip(names, changed):
+        if name and was_changed:
+            fail(f"{label} changed the {name} it was given, in place", IN_PLACE)
 
 
 def _hf(processor, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,6 +132,10 @@ def _difference(got: torch.Tensor, want: torch.Tensor, label: str) -> str:
              "last dimension (dim=-1)")
     if not got.is_floating_point():
         fail(f"{label} returned a tensor of {got.dtype}; expected floating-point logits")
+    if want.dtype == torch.float64 and got.dtype != torch.float64:
+        fail(f"{label} returned {str(got.dtype).removeprefix('torch.')} logits for float64 ones",
+             "keep the dtype of the logits you are given: float64 in, float64 out (no .float(), and no tensor made "
+             "from Python floats with torch.tensor(...), which is float32)")
     vocab = want.shape[-1]
     g, w = got.detach().double().reshape(-1, vocab), want.double().reshape(-1, vocab)
     for row, (gr, wr) in enumerate(zip(g, w)):
@@ -111,14 +153,17 @@ def _difference(got: torch.Tensor, want: torch.Tensor, label: str) -> str:
     return ""
 
 
-def _check(fn, args: tuple, want: torch.Tensor, label: str, mistakes=(), note: str = ""):
-    """Fail unless fn(*args) equals ``want``; name the first known mistake that gives the same answer."""
-    got = _call(fn, *args, label=label, on_error=note)
+def _check(fn, args: tuple, want: torch.Tensor, label: str, mistakes=(), note: str = "",
+           names: tuple = ("logits",), because: str = ""):
+    """Fail unless fn(*args) equals ``want``; name the first known mistake that gives the same answer, else ``note``.
+    ``because``: the one reason this input can fail where the others passed (logits far from 0), said before any
+    guess. Then fail if the call changed one of its arguments in place (``names``: see ``_unchanged``)."""
+    got, changed = _call(fn, *args, label=label, on_error=because or note)
     diff = _difference(got, want, label)
-    if not diff:
-        return
-    hint = next((why for why, compute in mistakes if _gives(compute, got)), "")
-    fail(f"{label} is wrong at {diff}", hint or _probabilities_hint(got) or _mask_value_hint(got, want) or note)
+    if diff:
+        hint = because or next((why for why, compute in mistakes if _gives(compute, got)), "")
+        fail(f"{label} is wrong at {diff}", hint or _probabilities_hint(got) or _mask_value_hint(got, want) or note)
+    _unchanged(changed, names, label)
 
 
 def _gives(compute, got) -> bool:
@@ -166,6 +211,15 @@ def _value_error(fn, args: tuple, label: str, hint: str):
         fail(f"{label} returned {_t(got) if isinstance(got, torch.Tensor) else show(got)}; expected ValueError", hint)
 
 
+NAN_SETTING = ("NaN is no valid {name}, but every comparison with NaN is False, so a test of whether the setting is "
+               "OUT of range lets it through: test that it is IN range and raise ValueError otherwise "
+               "(`if not {test}: raise ValueError(...)`)")
+OVERFLOW = ("the logits here are near +-10,000, as they can be (a very confident model, a logit bias): e^x overflows "
+            "to inf above about 88 in float32 and underflows to 0 below about -103, and inf / inf or 0 / 0 is NaN. "
+            "Use torch.softmax (or log_softmax), which subtracts each row's maximum before exp, not "
+            "exp(logits) / exp(logits).sum()")
+
+
 # ---------------------------------------------------------------- random logits
 
 def _logits(shape, scale: float = 2.0, removed: float = 0.0, step: float = 0.0) -> torch.Tensor:
@@ -191,7 +245,9 @@ def check_temperature(apply_temperature):
     with _seeded(6001):
         batch, row, with_inf, large = _logits((4, 30), 3.0), _logits((50,)), _logits((3, 20), removed=0.3), \
             _logits((2, 12), 80.0)
-    for z, t in [(batch, 0.5), (batch, 1.7), (row, 0.8), (with_inf, 2.0), (large, 0.25), (batch, 1.0), (row, 100.0)]:
+    cases = [(batch, 0.5), (batch, 1.7), (row, 0.8), (with_inf, 2.0), (large, 0.25), (batch, 1.0), (row, 100.0),
+             (batch.double(), 0.7), (large + 1e4, 0.5)]
+    for z, t in cases:
         want = _hf(TemperatureLogitsWarper(t), z)
         mistakes = [
             ("you multiplied the logits by the temperature; divide them: T > 1 must flatten the distribution, "
@@ -207,8 +263,9 @@ def check_temperature(apply_temperature):
         if t != 1.0:
             mistakes.append(("the logits came back unchanged: divide them by the temperature", lambda: z))
         _check(apply_temperature, (z, t), want, f"apply_temperature({_t(z)}, {t})", mistakes)
-    for bad in (0.0, -0.5):
+    for bad in (0.0, -0.5, NAN):
         _value_error(apply_temperature, (batch.clone(), bad), f"apply_temperature({_t(batch)}, {bad})",
+                     NAN_SETTING.format(name="temperature", test="temperature > 0") if bad != bad else
                      "a temperature must be > 0: 0 would divide by zero (the Sampler turns T = 0 into greedy "
                      "decoding before it gets here) and a negative one would make the least likely token the most "
                      "likely; raise ValueError")
@@ -234,7 +291,8 @@ def check_top_k(top_k_filter):
                 "unchanged")
     cases = [(plain, 3, ""), (plain, 1, ""), (row, 7, ""), (plain, 39, ""), (ties, 4, ""), (ties, 9, ""),
              (with_inf, 3, ""), (with_inf, 20, "a row with fewer than k finite logits keeps them all"),
-             (plain, 40, keep_all), (plain, 55, keep_all), (plain, 0, keep_all)]
+             (plain, 40, keep_all), (plain, 55, keep_all), (plain, 0, keep_all), (plain.double(), 5, ""),
+             (row[None], 7, "")]
     for z, k, note in cases:
         want = z.clone() if k == 0 else _hf(TopKLogitsWarper(k), z)
         kk = min(k, z.shape[-1])
@@ -259,6 +317,10 @@ def check_top_k(top_k_filter):
             mistakes.append(("you took the k highest logits of the whole batch; each row is a sequence of its own: "
                              "work along the last dimension (dim=-1)", lambda: _keep_at_least(z, flat_kth)))
         _check(top_k_filter, (z, k), want, f"top_k_filter({_t(z)}, {k})", mistakes, note)
+    for bad in (-1, -5):
+        _value_error(top_k_filter, (plain, bad), f"top_k_filter({_t(plain)}, {bad})",
+                     "k must be an integer >= 0 (0 means no cut): raise ValueError for a negative k rather than "
+                     "keep everything, or torch.topk's own error")
 
 
 # ---------------------------------------------------------------- top-p
@@ -335,10 +397,19 @@ def check_top_p(top_p_filter):
     cases = [(clear(pool, p, 4), p, "") for p in (0.5, 0.8, 0.95, 0.3, 0.05)]
     cases += [(clear(row_pool, 0.9, 1)[0], 0.9, ""), (clear(ties, 0.6, 5), 0.6, ""),
               (clear(with_inf, 0.85, 4), 0.85, ""),
-              (pool[:3], 1.0, "p = 1 keeps every token: return the logits unchanged")]
+              (pool[:3], 1.0, "p = 1 keeps every token: return the logits unchanged"),
+              (clear(pool.double(), 0.7, 3), 0.7, "")]
+    # Far from 0, where a naive exp overflows (+1e4) or underflows (-1e4): any known mistake is beside the point.
+    large = [(clear(pool + 1e4, 0.9, 4), 0.9), (clear(pool - 1e4, 0.6, 4), 0.6), (clear(with_inf + 1e4, 0.8, 3), 0.8)]
     for z, p, note in cases:
         want = _hf(TopPLogitsWarper(p), z)
         _check(top_p_filter, (z, p), want, f"top_p_filter({_t(z)}, {p})", _top_p_mistakes(z, p), note)
+    for z, p in large:
+        _check(top_p_filter, (z, p), _hf(TopPLogitsWarper(p), z), f"top_p_filter({_t(z)}, {p})", because=OVERFLOW)
+    for bad in (1.5, 0.0, -0.2, NAN):
+        _value_error(top_p_filter, (pool[:3], bad), f"top_p_filter({_t(pool[:3])}, {bad})",
+                     NAN_SETTING.format(name="p", test="0 < p <= 1") if bad != bad else
+                     "p must be in (0, 1] (1 keeps every token): raise ValueError for any other p")
 
 
 # ---------------------------------------------------------------- min-p
@@ -357,7 +428,8 @@ def check_min_p(min_p_filter):
     clear = functools.partial(_clear_rows, is_clear=_min_p_is_clear)
     cases = [(clear(pool, p, 4), p) for p in (0.1, 0.3, 0.02, 0.7)]
     cases += [(clear(row_pool, 0.2, 1)[0], 0.2), (clear(with_inf, 0.15, 4), 0.15), (clear(ties, 0.25, 4), 0.25),
-              (pool[:3], 0.0), (clear(ties, 1.0, 3), 1.0)]
+              (pool[:3], 0.0), (clear(ties, 1.0, 3), 1.0), (clear(pool.double(), 0.3, 3), 0.3)]
+    large = [(clear(pool + 1e4, 0.1, 4), 0.1), (clear(pool - 1e4, 0.3, 4), 0.3), (clear(with_inf - 1e4, 0.15, 3), 0.15)]
     for z, p in cases:
         want = _hf(MinPLogitsWarper(p), z)
         q = z.softmax(-1)
@@ -374,6 +446,13 @@ def check_min_p(min_p_filter):
                              "amax(dim=-1, keepdim=True)", lambda: z.masked_fill(q < p * q.max(), NEG_INF)))
         _check(min_p_filter, (z, p), want, f"min_p_filter({_t(z)}, {p})", mistakes,
                "p = 0 removes nothing" if p == 0 else "")
+    for z, p in large:  # far from 0, where a naive exp overflows (+1e4) or underflows (-1e4)
+        _check(min_p_filter, (z, p), _hf(MinPLogitsWarper(p), z), f"min_p_filter({_t(z)}, {p})", because=OVERFLOW)
+    for bad in (1.5, -0.1, NAN):
+        _value_error(min_p_filter, (pool[:3], bad), f"min_p_filter({_t(pool[:3])}, {bad})",
+                     NAN_SETTING.format(name="p", test="0 <= p <= 1") if bad != bad else
+                     "p must be in [0, 1] (0 keeps every token, 1 only the most likely): raise ValueError for any "
+                     "other p")
 
 
 @cell("test_filters")
@@ -399,6 +478,23 @@ def _rows_of_ids():
     return [(z, ids), (one_z, one_ids), (with_inf, inf_ids)]
 
 
+INT32 = ("ids come as int64 or int32 tensors (the notebook says so); F.one_hot and a few other functions take only "
+         "int64: convert with ids.long() where you need to")
+NO_IDS = "with no ids yet (ids of shape (B, 0)) there is nothing to penalise: the logits come back as they are"
+PENALTY_ARGS = ("logits", "ids")  # what the penalties are given and must leave as it was
+
+
+def _ids(ids: torch.Tensor) -> str:
+    """ids=[[...]] in a label: the ids themselves, their dtype when it is not int64, or that there are none."""
+    text = show(ids.tolist()) if ids.numel() else f"<no ids yet: shape {tuple(ids.shape)}>"
+    return text if ids.dtype == torch.int64 else f"{text} ({str(ids.dtype).removeprefix('torch.')})"
+
+
+def _more_ids(z: torch.Tensor, ids: torch.Tensor) -> list:
+    """The same rows again with int32 ids, float64 logits, and no ids yet: (logits, ids, note)."""
+    return [(z, ids.int(), INT32), (z.double(), ids, ""), (z, ids[:, :0], NO_IDS)]
+
+
 def _penalise(z, ids, f, rows=None):
     """Logits with f applied to each seen token once per row; rows=ids of every row for the batch-wide mistake."""
     out = z.clone()
@@ -417,9 +513,11 @@ def _penalise_each_time(z, ids, f):
 
 
 def check_repetition_penalty(apply_repetition_penalty):
-    cases = [(z, ids, penalty) for z, ids in _rows_of_ids() for penalty in (1.3, 0.7, 2.0)]
-    for z, ids, penalty in cases:
-        want = _hf(RepetitionPenaltyLogitsProcessor(penalty), z, ids)
+    rows = _rows_of_ids()
+    cases = [(z, ids, penalty, "") for z, ids in rows for penalty in (1.3, 0.7, 2.0)]
+    cases += [(z, ids, 1.3, note) for z, ids, note in _more_ids(*rows[0])]
+    for z, ids, penalty, note in cases:
+        want = _hf(RepetitionPenaltyLogitsProcessor(penalty), z, ids.long())
         right = lambda x, r=penalty: x * r if x < 0 else x / r  # noqa: E731
         mistakes = [
             ("a negative logit must be MULTIPLIED by the penalty: dividing -2.0 by 1.3 gives -1.54, which makes the "
@@ -440,7 +538,7 @@ def check_repetition_penalty(apply_repetition_penalty):
             mistakes.append(("each row is penalised for the ids in its own row only; you used the ids of every row",
                              lambda: _penalise(z, ids, right, rows=ids)))
         _check(apply_repetition_penalty, (z, ids, penalty), want,
-               f"apply_repetition_penalty({_t(z)}, ids={show(ids.tolist())}, penalty={penalty})", mistakes)
+               f"apply_repetition_penalty({_t(z)}, ids={_ids(ids)}, penalty={penalty})", mistakes, note, PENALTY_ARGS)
 
 
 def _counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -461,9 +559,11 @@ def check_presence_frequency(apply_presence_frequency_penalty):
     (z, ids), (one_z, one_ids), _ = _rows_of_ids()
     ids = ids.clone()
     ids[:, 1:3] = ids[:, 6:8]  # tokens in the prompt that are generated again
-    cases = [(z, ids, 3, 0.5, 0.0), (z, ids, 3, 0.0, 0.3), (z, ids, 2, 0.4, 0.25), (z, ids, 0, 0.6, 0.2),
-             (z, ids, 4, -0.5, 0.1), (z, ids, 9, 0.7, 0.7), (one_z, one_ids, 1, 0.3, 0.2)]
-    for z, ids, n, presence, frequency in cases:
+    cases = [(z, ids, 3, 0.5, 0.0, ""), (z, ids, 3, 0.0, 0.3, ""), (z, ids, 2, 0.4, 0.25, ""),
+             (z, ids, 0, 0.6, 0.2, ""), (z, ids, 4, -0.5, 0.1, ""), (z, ids, 9, 0.7, 0.7, ""),
+             (one_z, one_ids, 1, 0.3, 0.2, "")]
+    cases += [(z, more, 0 if note == NO_IDS else 2, 0.4, 0.25, note) for z, more, note in _more_ids(z, ids)]
+    for z, ids, n, presence, frequency, note in cases:
         want = _openai(z, ids, n, presence, frequency)
         mistakes = [
             ("you counted the prompt too; count only the generated tokens, ids[:, prompt_len:] (OpenAI's penalties "
@@ -482,9 +582,10 @@ def check_presence_frequency(apply_presence_frequency_penalty):
              lambda: _openai(z, ids, n, presence + frequency, 0.0)),
         ]
         _check(apply_presence_frequency_penalty, (z, ids, n, presence, frequency), want,
-               f"apply_presence_frequency_penalty({_t(z)}, ids={show(ids.tolist())}, prompt_len={n}, "
+               f"apply_presence_frequency_penalty({_t(z)}, ids={_ids(ids)}, prompt_len={n}, "
                f"presence={presence}, frequency={frequency})", mistakes,
-               "a token's logit goes down by presence once it has been generated, and by frequency each time it was")
+               note or "a token's logit goes down by presence once it has been generated, and by frequency each time "
+               "it was", PENALTY_ARGS)
 
 
 def _ngram_bans(z, ids, n, windows_end: int = 0, first_only: bool = False):
@@ -510,10 +611,11 @@ def check_no_repeat_ngram(ban_repeated_ngrams):
                         [8, 9, 10, 11, 0, 9, 10, 8]])   # nothing repeats at the end for n >= 3
     short = torch.tensor([[3, 4], [4, 3], [3, 3]])
     last = torch.tensor([[7, 8, 9, 7, 8], [6, 6, 1, 2, 6], [1, 2, 3, 2, 3]])  # n-grams that end at the last token
-    cases = [(z, ids, n) for n in (2, 3, 1, 4)] + [(z, short, 2), (z, short, 3), (z, short, 4), (z, last, 2),
-                                                  (z, last, 3)]
-    for z, ids, n in cases:
-        want = _hf(NoRepeatNGramLogitsProcessor(n), z, ids)
+    cases = [(z, ids, n, "") for n in (2, 3, 1, 4)] + [(z, short, 2, ""), (z, short, 3, ""), (z, short, 4, ""),
+                                                      (z, last, 2, ""), (z, last, 3, "")]
+    cases += [(zz, more, 2, note) for zz, more, note in _more_ids(z, last)] + [(z, ids[:, :0], 1, NO_IDS)]
+    for z, ids, n, note in cases:
+        want = _hf(NoRepeatNGramLogitsProcessor(n), z, ids.long())
         mistakes = [
             ("you missed the n-gram that ends at the last token: the n-grams of a row of length T start at 0, 1, "
              "..., T - n (range(T - n + 1))", lambda: _ngram_bans(z, ids, n, windows_end=-1)),
@@ -526,9 +628,10 @@ def check_no_repeat_ngram(ban_repeated_ngrams):
              "tokens of the row with the first n - 1 of each earlier n-gram",
              lambda: _hf(NoRepeatNGramLogitsProcessor(n + 1), z, ids)),
         ]
-        note = "a row shorter than n has no complete n-gram to repeat: nothing is banned" if ids.shape[1] < n else ""
-        _check(ban_repeated_ngrams, (z, ids, n), want, f"ban_repeated_ngrams({_t(z)}, ids={show(ids.tolist())}, n={n})",
-               mistakes, note)
+        if not note and ids.shape[1] < n:
+            note = "a row shorter than n has no complete n-gram to repeat: nothing is banned"
+        _check(ban_repeated_ngrams, (z, ids, n), want, f"ban_repeated_ngrams({_t(z)}, ids={_ids(ids)}, n={n})",
+               mistakes, note, PENALTY_ARGS)
 
 
 @cell("test_penalties")
@@ -557,26 +660,38 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, float]:
     return stat, p_value
 
 
-def _draw(sample_from_logits, logits, seed, label):
+NOT_FROM_LOGITS = ("torch.multinomial needs non-negative weights with a positive sum in every row: draw from "
+                   "softmax(logits, dim=-1), along the last dimension, not from the logits (which can be negative or "
+                   "-inf)")
+
+
+def _draw(sample_from_logits, logits, seed, label, on_error: str = NOT_FROM_LOGITS):
     """The learner's draws with a generator seeded with ``seed`` (``torch.Generator().manual_seed(seed)``, made on
-    the learner's side), checked to be one id per row."""
-    got = _call(sample_from_logits, logits, make("samplers.generator", seed), label=label,
-                on_error="torch.multinomial needs non-negative weights with a positive sum in every row: draw "
-                         "from softmax(logits, dim=-1), along the last dimension, not from the logits (which can "
-                         "be negative or -inf)")
+    the learner's side), checked to be one id per row, the logits left as they were."""
+    got, changed = _call(sample_from_logits, logits, make("samplers.generator", seed), label=label, on_error=on_error)
     rows = logits.shape[0]
     if not isinstance(got, torch.Tensor):
         fail(f"{label} returned {type_of(got)}; expected a tensor of {rows} token ids, one per row")
     if got.shape == (rows, 1):
         fail(f"{label} returned shape {tuple(got.shape)}; expected ({rows},), one id per row",
              "torch.multinomial(probs, 1) gives shape (B, 1): squeeze the last dimension")
+    if got.dim() == 0 and rows == 1:
+        fail(f"{label} returned a tensor of shape (); expected (1,), one id for the one row",
+             "squeeze(-1), not squeeze(): squeeze() also drops the batch dimension when there is one row (B = 1), "
+             "and the Sampler reads the id of row 0")
     if got.shape != (rows,):
         fail(f"{label} returned shape {tuple(got.shape)}; expected ({rows},), one id per row")
     if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
         fail(f"{label} returned a tensor of {got.dtype}; expected integer token ids (torch.long)")
     if ((got < 0) | (got >= logits.shape[-1])).any():
         fail(f"{label} returned ids {show(got.tolist())}, outside 0 to {logits.shape[-1] - 1}")
+    _unchanged(changed, ("logits",), label)
     return got
+
+
+def _multinomial(logits: torch.Tensor, seed: int) -> torch.Tensor:
+    """torch.multinomial(softmax(logits), 1, generator=...) with a generator seeded with ``seed``: one id per row."""
+    return torch.multinomial(logits.softmax(-1), 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
 
 
 @cell("test_sample")
@@ -628,10 +743,27 @@ def check_sample(sample_from_logits):
              "torch.multinomial(probs, num_samples=1, generator=generator), so that a seed gives the same tokens "
              "as Hugging Face's generate")
     with learner_side(seed=6010):
-        unseeded = _call(sample_from_logits, rows, None, label="sample_from_logits(<logits of shape (150, 10)>, None)")
+        unseeded, _ = _call(sample_from_logits, rows, None,
+                            label="sample_from_logits(<logits of shape (150, 10)>, None)")
     if not isinstance(unseeded, torch.Tensor) or unseeded.shape != (rows.shape[0],):
         fail(f"sample_from_logits({_t(rows)}, None) returned {show(unseeded)}; without a generator, draw with "
              "torch's global random generator (generator=None)")
+    # One row, a batch of one: one id in a tensor of shape (1,), as the Sampler asks for it.
+    one_label = f"sample_from_logits({_t(logits[None])}, generator)"
+    one = _draw(sample_from_logits, logits[None], 6011, one_label)
+    if not torch.equal(one, _multinomial(logits[None], 6011)):
+        fail(f"{one_label} drew {show(one.tolist())}; torch.multinomial(softmax(logits), 1, generator=generator) "
+             f"draws {show(_multinomial(logits[None], 6011).tolist())} with the same seed",
+             "draw from softmax(logits, dim=-1) with torch.multinomial(probs, 1, generator=generator), one row "
+             "as a batch of one")
+    # Far from 0, where a naive exp overflows (+1e4) or underflows (-1e4): the same draws as softmax's.
+    for shift, seed in ((1e4, 6012), (-1e4, 6013)):
+        far = rows + shift
+        far_label = f"sample_from_logits({_t(far)}, generator)"
+        got, want = _draw(sample_from_logits, far, seed, far_label, on_error=OVERFLOW), _multinomial(far, seed)
+        if not torch.equal(got, want):
+            fail(f"{far_label} drew {show(got.tolist())}; torch.multinomial(softmax(logits), 1, generator=generator) "
+                 f"draws {show(want.tolist())} with the same seed", OVERFLOW)
 
 
 # ---------------------------------------------------------------- beam search
@@ -724,7 +856,16 @@ BEAM_CASES = [
     ("b", (90, 2), 12, 2, 2.0, (1, 3)),
     ("b", (5,), 8, 1, 1.0, (1,)),
     ("b", (11, 22, 33, 44, 55, 66, 77), 1, 3, 1.0, ()),
+    ("a", (3, 14, 15, 9), 12, 1, 2.0, ()),  # one beam is greedy decoding, whatever the length penalty
+    ("a", (40,), 8, 1, -1.0, (0,)),
 ]
+# Cases again with eos_ids given as another iterable than a list (beam_search takes any iterable of ids).
+EOS_ITERABLES = [(BEAM_CASES[3], "generator"), (BEAM_CASES[9], "generator"), (BEAM_CASES[4], "set"),
+                 (BEAM_CASES[1], "tuple")]
+ONE_PASS = ("eos_ids may be any iterable of ids: here a generator, which can be read only once (len() does not take "
+            "it, and `in` reads it up to the id it finds): read it into a set first, eos = set(eos_ids)")
+GREEDY = ("with num_beams=1, beam search is greedy decoding (Hugging Face's generate with num_beams=1): the best token "
+          "at each step, until an end-of-text id or max_new_tokens")
 
 
 @_once
@@ -805,26 +946,48 @@ def _beam_label(prompt, n, beams, lp, eos) -> str:
             f"eos_ids={eos})")
 
 
+def _eos_as(eos: list, kind: str):
+    """End-of-text ids as the learner's beam_search is given them, and how a label shows them."""
+    if kind == "generator":
+        return make("samplers.one_pass", list(eos)), f"<a generator of {eos}>"
+    if kind == "set":
+        return set(eos), show(set(eos))
+    if kind == "tuple":
+        return tuple(eos), show(tuple(eos))
+    return list(eos), show(list(eos))
+
+
 @cell("test_beam_search")
 def check_beam_search(beam_search):
     answers = []
     models: dict[str, Remote] = {}  # built on the learner's side once per test
-    for case in BEAM_CASES:
+    for case, kind in [(case, "list") for case in BEAM_CASES] + EOS_ITERABLES:
         _, prompt, n, beams, lp, eos, want = beam_case(case)
         if case[0] not in models:
             models[case[0]] = _beam_model(case[0])
-        label = _beam_label(prompt, n, beams, lp, eos)
-        got = _call(beam_search, models[case[0]], list(prompt), n, beams, lp, list(eos), label=label)
+        eos_arg, eos_shown = _eos_as(eos, kind)
+        label = _beam_label(prompt, n, beams, lp, eos_shown)
+        note = ONE_PASS if kind == "generator" else ""
+        got, changed = _call(beam_search, models[case[0]], list(prompt), n, beams, lp, eos_arg, label=label,
+                             on_error=note)
         if isinstance(got, torch.Tensor):
             fail(f"{label} returned a tensor; return a list of int ids")
         if not isinstance(got, (list, tuple)) or not all(isinstance(t, int) for t in got):
             fail(f"{label} returned {show(got)}; expected a list of int ids such as {want}")
         got = list(got)
+        if got != want:
+            if kind != "list":
+                fail(f"{label} returned {got}; with eos_ids as a list it returned the right ids, {want}",
+                     note or "eos_ids may be any iterable of ids (a list, a tuple, a set, a generator): read it "
+                     "once into a set, eos = set(eos_ids)")
+            answers.append((case, got))
+            fail(f"{label} returned {got}; Hugging Face's generate(num_beams={beams}) gives {want}",
+                 _beam_hint(got, want, prompt, eos, answers))
         answers.append((case, got))
-        if got == want:
-            continue
-        fail(f"{label} returned {got}; Hugging Face's generate(num_beams={beams}) gives {want}",
-             _beam_hint(got, want, prompt, eos, answers))
+        if changed[1]:
+            fail(f"{label} changed the prompt_ids list it was given",
+                 "copy it before adding tokens (list(prompt_ids), or prompt_ids + [token]): the caller's prompt "
+                 "must stay as it was")
 
 
 def _beam_hint(got, want, prompt, eos, answers) -> str:
@@ -834,6 +997,8 @@ def _beam_hint(got, want, prompt, eos, answers) -> str:
         return "a hypothesis that finished with an end-of-text id ends with that id: keep it in what you return"
     explaining = []
     case, _ = answers[-1]
+    if case[3] == 1:
+        return GREEDY
     for mistake, why in BEAM_MISTAKES.items():
         if _mistake_gives(case, mistake) == got:
             explaining.append((mistake, why))

@@ -1,6 +1,8 @@
 """Helpers of chapter 6 (samplers), built next to the learner's code from plain recipes: a seeded random generator
-to hand to a sampler, and a small random GPT-2 for beam search. No answers here: the judge computes those (Hugging
-Face's processors and ``generate`` on the same recipe, ``torch.multinomial`` with a generator of the same seed).
+to hand to a sampler, a small random GPT-2 for beam search, end-of-text ids that can be read only once (a
+generator), and a call that reports whether it changed its arguments in place (the caller's tensors are on this
+side). No answers here: the judge computes those (Hugging Face's processors and ``generate`` on the same recipe,
+``torch.multinomial`` with a generator of the same seed).
 
 This runs where ``minigpt.samplers`` and later chapters cannot be imported: torch, transformers (the notebook's own
 tests import it already), the course's reference of chapter 4 (``minigpt.transformer``) and the learner's objects.
@@ -9,12 +11,36 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["generator", "random_gpt"]
+__all__ = ["generator", "random_gpt", "run", "one_pass"]
 
 
 def generator(seed: int) -> torch.Generator:
     """A CPU generator seeded with ``seed``, as a learner's sampler is given one."""
     return torch.Generator().manual_seed(seed)
+
+
+def run(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), [whether the call changed args[i] in place])``: each tensor and list argument is
+    compared with a copy taken before the call (other arguments, a model or a generator, count as unchanged)."""
+    before = [a.clone() if isinstance(a, torch.Tensor) else list(a) if isinstance(a, list) else None for a in args]
+    out = fn(*args, **kwargs)
+    return out, [_changed(a, b) for a, b in zip(args, before)]
+
+
+def _changed(now, before) -> bool:
+    if before is None:
+        return False
+    if isinstance(before, torch.Tensor):
+        return not torch.equal(now, before)
+    try:
+        return bool(now != before)
+    except Exception:  # noqa: BLE001 (a list whose items no longer compare: it changed)
+        return True
+
+
+def one_pass(items: list):
+    """The ``items`` as a generator: an iterable that can be read only once, as ``eos_ids`` may be."""
+    return (item for item in items)
 
 
 def random_gpt2(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,

@@ -21,7 +21,9 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k highest logits (and any tied with the k-th) of each row; -inf elsewhere. k=0: keep all."""
-    if k <= 0 or k >= logits.shape[-1]:
+    if not k >= 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    if k == 0 or k >= logits.shape[-1]:
         return logits.clone()
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, NEG_INF)
@@ -29,7 +31,9 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest most-likely set of each row whose probability reaches p (the crossing token too)."""
-    if p >= 1.0:
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p!r}")
+    if p == 1:
         return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1)  # ascending: the unlikely tail first
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
@@ -41,6 +45,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 def min_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep tokens whose probability is at least p times the top token's; -inf elsewhere."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"p must be in [0, 1], got {p!r}")
     probs = logits.softmax(dim=-1)
     remove = probs < p * probs.amax(dim=-1, keepdim=True)
     return logits.masked_fill(remove, NEG_INF)
