@@ -21,7 +21,7 @@ from transformers import GPT2LMHeadModel
 import coursekit
 from autograder.checks import generation as checks
 from autograder.helpers.common import Counting
-from autograder.helpers.generation import Scripted
+from autograder.helpers.generation import NotAModule, Scripted, drain
 from minigpt import generation
 from minigpt.generation import (TextStream, end_of_text_id, find_stop, generate, greedy, held_back, last_logits,
                                 token_stream)
@@ -162,6 +162,57 @@ def test_choose_gets_the_logits_and_all_ids_so_far():
     assert got == checks.hf_loop(hf, prompt, 4, choose=checks._lowest)
     assert [ids for _, ids in seen] == [prompt + got[:k] for k in range(4)]
     assert all(logits.shape == (model.config.vocab_size,) for logits, _ in seen)
+
+
+def test_a_model_that_is_not_a_module_gives_the_same_tokens():
+    """The model may be any callable with .config: the checks' NotAModule (which, like chapter 7's cache, returns
+    only the positions it has not seen) and chapter 7's CachedModel itself give what the GPT gives."""
+    from minigpt.kv_cache import CachedModel
+
+    hf, model = checks._models("a")
+    block = model.config.block_size
+    prompt = checks._ids(4, model.config.vocab_size, seed=2)
+    want = checks.hf_loop(hf, prompt, 12)
+    assert list(token_stream(NotAModule(model), prompt, 12)) == want
+    assert list(token_stream(CachedModel(model), prompt, 12)) == want
+    plain = NotAModule(model)
+    ids = checks._ids(max(checks.NOT_A_MODULE_LENGTHS), model.config.vocab_size, seed=5)
+    returned = []
+    for n in checks.NOT_A_MODULE_LENGTHS:
+        returned.append(plain(torch.tensor([ids[:n][-block:]])).shape[1])
+    assert returned == [3, 1, 1, 12, 12], "after the first call, the next two return the new position only"
+    plain = NotAModule(model)
+    for n in checks.NOT_A_MODULE_LENGTHS:
+        assert torch.allclose(last_logits(plain, ids[:n]), checks._hf_logits(hf, ids[:n][-block:]), atol=1e-5)
+    assert not any(hasattr(plain, name) for name in ("parameters", "eval", "forward", "device"))
+
+
+def test_drain_gives_a_stop_iteration_back_at_its_line():
+    """Inside a generator, a StopIteration becomes "RuntimeError: generator raised StopIteration", which names no line
+    of the code that raised it; drain raises it again as the StopIteration it was, with its traceback."""
+    from coursekit.testing import learner_frame
+
+    def parameters_of_nothing():
+        yield 1
+        next(iter([]))  # the learner's next(model.parameters()) on a model that has none
+
+    def outer():  # TextStream iterating token_stream
+        yield from parameters_of_nothing()
+
+    with pytest.raises(StopIteration) as caught:
+        drain(outer(), 5)
+    where = learner_frame(caught.value.__traceback__)
+    assert where["function"].endswith("parameters_of_nothing") and where["text"].startswith("next(iter([]))")
+    assert drain(iter([1, 2, 3]), 2) == ([1, 2], False)
+    assert drain([1, 2], 5) == ([1, 2], True)
+    assert drain((i for i in range(3)), 3) == ([0, 1, 2], False), "nothing read past the limit"
+    with pytest.raises(RuntimeError, match="other"):
+        drain(_raises(RuntimeError("other")), 5)
+
+
+def _raises(err):
+    yield 0
+    raise err
 
 
 def test_the_checks_never_rely_on_a_near_tie():
@@ -317,6 +368,12 @@ def test_the_chapter_1_tokenizer_works_too(tiny_gpt2, enc):
 
 # ---------------------------------------------------------------- bad arguments
 
+@pytest.mark.parametrize("args, options, what", checks.BAD_ARGUMENTS, ids=lambda x: x if isinstance(x, str) else "")
+def test_the_checks_bad_arguments_raise_a_value_error(enc, args, options, what):
+    with pytest.raises(ValueError):
+        TextStream(Scripted(2, [13]), enc, *args, **options)
+
+
 @pytest.mark.parametrize("prompt, max_new_tokens, stop, match", [
     ("", 5, (), "prompt is empty"),
     ([], 5, (), "prompt is empty"),
@@ -416,11 +473,14 @@ def test_the_learner_side_builds_the_checks_models_without_transformers_or_this_
     from autograder.grade import blocked_modules
 
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('05-generation')!r}))\n"
+            "import torch\n"
             "from autograder.helpers import make\n"
             f"model = make('generation.seeded_gpt', **{checks._recipe('a')!r})\n"
             "make('generation.Scripted', 1, [1, 2])\n"
+            "make('generation.NotAModule', model)(torch.tensor([[1, 2]]))\n"
+            "assert make('generation.drain', make('generation.generator_of', [4, 5]), 9) == ([4, 5], True)\n"
             "assert 'transformers' not in sys.modules, 'the helpers imported transformers'\n"
-            "import torch; print(repr(model(torch.tensor([[1, 2, 3]]))[0, -1].tolist()))\n")
+            "print(repr(model(torch.tensor([[1, 2, 3]]))[0, -1].tolist()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr

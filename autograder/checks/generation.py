@@ -16,9 +16,20 @@ next token on top, whatever the context) writes a token sequence chosen so that 
 fall across token boundaries, and the expected text is tiktoken's ``decode`` of those ids, cut before the first stop
 string.
 
+Besides the ordinary cases, the checks use the sizes and types the contract allows: one id, a window exactly full
+and one over, ``max_new_tokens=0``; a model that is not a ``torch.nn.Module`` (a callable with ``.config`` that,
+like chapter 7's cached model, returns scores only for the positions it has not seen); ``eos_ids`` as a list, a
+tuple, a set and a generator; a chooser given a prompt longer than the window (it must get every id); stop strings
+that end the text, that begin it, several that match at once, text before one in the same token, a stop string or an
+end-of-text token on the last allowed token; and the arguments the given constructor refuses.
+
 When an answer is wrong, the message names the first case that fails and, for the known mistakes, what the
-mistake is. Nothing here assumes how the learner wrote the code: a while loop, ``torch.inference_mode``,
-decoding the whole text at each step and diffing, or another way to compute ``held_back`` all pass.
+mistake is. token_stream runs the learner's last_logits, and TextStream their token_stream, find_stop and
+held_back: a failure there says first which of those fail their own tests (``judge.because_of``). A learner's
+generator is read on its side in one request (``helpers.generation.drain``), which gives back a StopIteration that
+a generator turned into "generator raised StopIteration" at the learner's line. Nothing here assumes how the learner
+wrote the code: a while loop, ``torch.inference_mode``, decoding the whole text at each step and diffing, looking
+for stop strings in all the text, pieces of one character, or another way to compute ``held_back`` all pass.
 """
 from __future__ import annotations
 
@@ -33,7 +44,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # here: transformers' lazy
 import coursekit
 from autograder.checks import Shape
 from autograder.helpers import generation as recipes
-from autograder.judge import Remote, cell, collect, make, seeded, type_of
+from autograder.judge import Remote, ask, because_of, cell, collect, make, seeded, type_of
 from coursekit.testing import call, fail, quiet_transformers, show
 
 CHAPTER = "chapter 5 (the generation loop)"
@@ -188,48 +199,78 @@ def _read_back(theirs) -> list:
     return collect(theirs)[0]
 
 
+# What the model may be, and what that rules out: said when the learner's code fails on a model that is not a GPT.
+NOT_A_MODULE = ("the model may be any callable with .config (chapter 7's cached model is not a torch.nn.Module, and "
+                "returns scores only for the positions it has not seen): call model(x), take the last position with "
+                "logits[0, -1], and do not use model.parameters(), .device, .eval() or .forward")
+# The lengths of the ids given one after another to the model that is not an nn.Module (shape "a", block_size 12):
+# after the first call, each of the next two adds one id, so that model returns the new position only, (1, 1, V);
+# then exactly the window, and one more.
+NOT_A_MODULE_LENGTHS = (3, 4, 5, 12, 13)
+
+
 @cell("test_last_logits")
 def check_last_logits(last_logits):
     models = {}
     for shape, length in LAST_LOGITS_CASES:
-        hf = _hf(shape)
         model = models[shape] = models.get(shape) or _model(shape)
         block, vocab = SHAPES[shape].block_size, SHAPES[shape].vocab_size
-        ids = _ids(length, vocab, seed=100 * length + block)
-        theirs = make("generation.listed", ids)  # the list the learner's code gets, to read back afterwards
-        label = f"last_logits(<GPT with block_size={block}, vocab_size={vocab}>, <{length} ids>)"
-        hint = "a sequence longer than block_size must be cut to its last block_size tokens" if length > block else ""
-        got = call(last_logits, model, theirs, hint=hint, label=label)
-        if _read_back(theirs) != ids:
-            fail(f"{label} changed the list of ids it was given", "read ids, never modify them: slice a copy")
-        want = _hf_logits(hf, _last(ids, block))
-        if not isinstance(got, torch.Tensor):
-            fail(f"{label} returned {_type_name(got)}, expected a torch.Tensor of shape ({vocab},)")
-        if got.shape != want.shape:
-            hint = ""
-            if got.numel() == vocab:
-                hint = f"return a 1-D tensor of {vocab} scores: logits[0, -1], not logits[:, -1]"
-            elif got.dim() >= 2 and got.shape[-1] == vocab:
-                hint = "return only the scores after the LAST position, logits[0, -1]"
-            fail(f"{label} returned a tensor of shape {tuple(got.shape)}, expected ({vocab},)", hint)
-        if got.requires_grad:
-            fail(f"{label} returned a tensor that is part of a gradient graph",
-                 "generation never trains: run the model under torch.no_grad() (or torch.inference_mode())")
-        got = got.detach().float()
-        if torch.allclose(got, want, atol=ATOL, rtol=0):
-            continue
+        _check_logits(last_logits, model, f"<GPT with block_size={block}, vocab_size={vocab}>", shape,
+                      _ids(length, vocab, seed=100 * length + block))
+    plain = make("generation.NotAModule", models["a"])
+    ids = _ids(max(NOT_A_MODULE_LENGTHS), SHAPES["a"].vocab_size, seed=5)
+    for length in NOT_A_MODULE_LENGTHS:
+        _check_logits(last_logits, plain, "<a model that is not an nn.Module: a callable with .config, like chapter "
+                                          "7's cached model>", "a", ids[:length], NOT_A_MODULE)
+
+
+def _check_logits(last_logits, model, name: str, shape: str, ids: list[int], why: str = ""):
+    """One call of the learner's last_logits on ``model`` (a stand-in of the model of shape ``shape``, or of one that
+    answers as it does); ``why``: what this model is there to show, added to every hint."""
+    hf = _hf(shape)
+    block, vocab, length = SHAPES[shape].block_size, SHAPES[shape].vocab_size, len(ids)
+    theirs = make("generation.listed", ids)  # the list the learner's code gets, to read back afterwards
+    label = f"last_logits({name}, <{length} ids>)"
+    long = "a sequence longer than block_size must be cut to its last block_size tokens" if length > block else ""
+    got = call(last_logits, model, theirs, hint=_join(why, long), label=label)
+    if _read_back(theirs) != ids:
+        fail(f"{label} changed the list of ids it was given", "read ids, never modify them: slice a copy")
+    want = _hf_logits(hf, _last(ids, block))
+    if not isinstance(got, torch.Tensor):
+        fail(f"{label} returned {_type_name(got)}, expected a torch.Tensor of shape ({vocab},)", why)
+    if got.shape != want.shape:
         hint = ""
-        if torch.allclose(got, torch.softmax(want, -1), atol=1e-6, rtol=0):
-            hint = "you returned probabilities (softmax): return the raw logits; the chooser decides what to do"
-        elif torch.allclose(got, torch.log_softmax(want, -1), atol=ATOL, rtol=0):
-            hint = "you returned log-probabilities (log_softmax): return the raw logits"
-        for mistake, why in WINDOW_MISTAKES:
-            window, pos = mistake.get("window", _last), mistake.get("pos", -1)
-            if torch.allclose(got, _hf_logits(hf, window(ids, block), pos), atol=ATOL, rtol=0):
-                hint = why
-                break
-        fail(f"{label}: wrong logits (largest difference {(got - want).abs().max().item():.2e} from Hugging Face's "
-             f"GPT-2 on the last {min(length, block)} ids)", hint)
+        if got.numel() == vocab:
+            hint = f"return a 1-D tensor of {vocab} scores: logits[0, -1], not logits[:, -1]"
+        elif got.dim() >= 2 and got.shape[-1] == vocab:
+            hint = "return only the scores after the LAST position, logits[0, -1]"
+        elif got.dim() == 0:
+            hint = "logits[0, -1] is already the (V,) scores: squeeze() then [-1] takes one score when T is 1"
+        fail(f"{label} returned a tensor of shape {tuple(got.shape)}, expected ({vocab},)", _join(hint, why))
+    if got.requires_grad:
+        fail(f"{label} returned a tensor that is part of a gradient graph",
+             "generation never trains: run the model under torch.no_grad() (or torch.inference_mode())")
+    got = got.detach().float()
+    if torch.allclose(got, want, atol=ATOL, rtol=0):
+        return
+    hint = ""
+    if torch.allclose(got, torch.softmax(want, -1), atol=1e-6, rtol=0):
+        hint = "you returned probabilities (softmax): return the raw logits; the chooser decides what to do"
+    elif torch.allclose(got, torch.log_softmax(want, -1), atol=ATOL, rtol=0):
+        hint = "you returned log-probabilities (log_softmax): return the raw logits"
+    for mistake, mistake_why in WINDOW_MISTAKES:
+        window, pos = mistake.get("window", _last), mistake.get("pos", -1)
+        if torch.allclose(got, _hf_logits(hf, window(ids, block), pos), atol=ATOL, rtol=0):
+            hint = mistake_why
+            break
+    fail(f"{label}: wrong logits (largest difference {(got - want).abs().max().item():.2e} from Hugging Face's "
+         f"GPT-2 on the last {min(length, block)} ids)", _join(hint, why))
+
+
+def _join(*parts: str) -> str:
+    """Hints joined into one, the empty ones left out. Where a failure may come from an earlier cell's function that
+    fails its own test (``because_of``), that comes first: the diagnosis after it assumes that function is right."""
+    return "; ".join(part for part in parts if part)
 
 
 # ---------------------------------------------------------------- token_stream
@@ -240,8 +281,10 @@ class LoopCase:
     prompt_len: int
     n: int
     what: str
-    eos: str = ""  # "" none; "mid" an id that first comes at step >= 2; "first" the first id; "several"
+    eos: str = ""  # "" none; "mid" an id that first comes at step >= 2; "first" the first id; "several";
+    #                "generator": as "mid", given as a generator (which can be read only once)
     choose: bool = False  # True: a chooser that picks the LOWEST score
+    plain: bool = False  # True: the model is not an nn.Module (``helpers.generation.NotAModule``)
 
 
 LOOP_CASES = [
@@ -250,10 +293,16 @@ LOOP_CASES = [
     LoopCase("a", 5, 0, "max_new_tokens=0"),
     LoopCase("a", 4, 20, "prompt and output longer than the window (block_size=12)"),
     LoopCase("b", 12, 6, "a prompt longer than the window (block_size=7)"),
+    LoopCase("b", 7, 4, "a prompt that fills the window exactly (block_size=7)"),
     LoopCase("a", 3, 9, "an end-of-text id in eos_ids", eos="mid"),
     LoopCase("b", 2, 6, "the first new token is in eos_ids", eos="first"),
     LoopCase("a", 6, 6, "several eos_ids, as a tuple", eos="several"),
+    LoopCase("a", 5, 9, "eos_ids as a generator, which can be read only once", eos="generator"),
     LoopCase("a", 3, 7, "choose = a chooser that picks the LOWEST score", choose=True),
+    LoopCase("b", 9, 4, "choose = a chooser that picks the LOWEST score, the prompt longer than the window "
+                        "(block_size=7)", choose=True),
+    LoopCase("a", 4, 12, "a model that is not an nn.Module (a callable with .config, like chapter 7's cached model)",
+             plain=True),
 ]
 
 LOOP_MISTAKES = [(dict(window=_first), WINDOW_MISTAKES[0][1] + " (in last_logits)"),
@@ -264,6 +313,12 @@ LOOP_MISTAKES = [(dict(window=_first), WINDOW_MISTAKES[0][1] + " (in last_logits
                  (dict(after_eos="drop"), "EOS not yielded: yield the end-of-text id, then stop"),
                  (dict(after_eos="continue"), "tokens generated after EOS: stop right after yielding an id in "
                                               "eos_ids")]
+EOS_GENERATOR = ("eos_ids may be any iterable, a generator too, which can be read only once: `token in eos_ids` "
+                 "reads it; make a set of it once, before the loop (eos = set(eos_ids))")
+CHOOSE_ALL_IDS = ("choose gets ALL the ids so far (the prompt and every new token), not only the window the model "
+                  "reads: chapter 6's repetition penalties look at them. Only last_logits cuts to the window")
+# What token_stream runs of the learner's earlier cells.
+USES_LAST_LOGITS = {"last_logits": "test_last_logits"}
 
 
 def _lowest(logits, ids) -> int:
@@ -279,7 +334,7 @@ def _loop_case(case: LoopCase):
     prompt = _ids(case.prompt_len, vocab, seed=7 * case.prompt_len + case.n + block)
     greedy = hf_generate(hf, prompt, case.n) if case.prompt_len + case.n <= block else hf_loop(hf, prompt, case.n)
     eos: set[int] | tuple[int, ...] | list[int] = []
-    if case.eos == "mid":
+    if case.eos in ("mid", "generator"):
         k = next(i for i in range(2, len(greedy)) if greedy[i] not in greedy[:i])
         eos = [greedy[k]]
     elif case.eos == "first":
@@ -306,21 +361,25 @@ def check_token_stream(token_stream):
     for case in LOOP_CASES:
         hf, shape, prompt, eos, choose, want = _loop_case(case)
         model = models[case.shape] = models.get(case.shape) or _model(case.shape)
+        if case.plain:
+            model = make("generation.NotAModule", model)
         block = shape.block_size
         theirs = make("generation.listed", prompt)  # the caller's list, on the learner's side
         chooser = make("generation.Lowest") if case.choose else None  # picks the lowest score, records its calls
 
-        kwargs = {}
+        kwargs, shown = {}, {}
         if eos:
-            kwargs["eos_ids"] = eos
+            kwargs["eos_ids"] = make("generation.generator_of", eos) if case.eos == "generator" else eos
+            shown["eos_ids"] = f"<a generator of {show(eos)}>" if case.eos == "generator" else show(eos)
         if case.choose:
-            kwargs["choose"] = chooser
-        label = (f"token_stream(<GPT with block_size={block}>, <{len(prompt)} ids>, {case.n}"
-                 + "".join(f", {k}={show(v) if k == 'eos_ids' else '<lowest score>'}" for k, v in kwargs.items())
+            kwargs["choose"], shown["choose"] = chooser, "<lowest score>"
+        label = (f"token_stream(<{'model that is not an nn.Module' if case.plain else 'GPT'} with block_size={block}>,"
+                 f" <{len(prompt)} ids>, {case.n}" + "".join(f", {k}={v}" for k, v in shown.items())
                  + f") ({case.what})")
-        long = len(prompt) + case.n > block
-        got = call(lambda: collect(token_stream(model, theirs, case.n, **kwargs), case.n + EXTRA)[0], label=label,
-                   hint="a context longer than block_size is cut in last_logits" if long else "")
+        long = "a context longer than block_size is cut in last_logits" if len(prompt) + case.n > block else ""
+        hint = _join(because_of(**USES_LAST_LOGITS), NOT_A_MODULE if case.plain else long)
+        stream = call(token_stream, model, theirs, case.n, **kwargs, label=label, hint=hint)  # a generator: no step yet
+        got = _drain(stream, case.n + EXTRA, label, hint)[0]
         now = _read_back(theirs)
         if now != prompt:
             fail(f"{label}: the prompt list mutated: it was {show(prompt)}, it is now {show(now)}",
@@ -334,11 +393,13 @@ def check_token_stream(token_stream):
                 _check_choose_calls(label, chooser.seen, prompt, want, hf)
             continue
         fail(f"{label} yielded {show(got)}; Hugging Face's GPT-2 gives {show(want)}",
-             _loop_hint(case, hf, prompt, eos, choose, got, want))
+             _join(because_of(**USES_LAST_LOGITS), _loop_hint(case, hf, prompt, eos, choose, got, want)))
     _check_lazy(token_stream, models.get("a") or _model("a"))
 
 
 def _loop_hint(case, hf, prompt, eos, choose, got, want) -> str:
+    if case.eos == "generator" and got == hf_loop(hf, prompt, case.n, set(eos), choose, after_eos="continue"):
+        return EOS_GENERATOR
     for mistake, why in LOOP_MISTAKES:
         if hf_loop(hf, prompt, case.n, set(eos), choose, **mistake) == got != want:
             return why
@@ -350,36 +411,59 @@ def _loop_hint(case, hf, prompt, eos, choose, got, want) -> str:
         if eos and want and want[-1] in eos:
             return "tokens generated after EOS: stop right after yielding an id in eos_ids"
         return f"too many tokens: at most max_new_tokens ({case.n})"
-    return ""
+    return NOT_A_MODULE if case.plain else ""
 
 
 def _check_choose_calls(label, seen, prompt, want, hf):
     if len(seen) != len(want):
         fail(f"{label}: choose was called {len(seen)} times for {len(want)} tokens", "call it once per new token")
-    vocab = hf.config.vocab_size
+    vocab, block = hf.config.vocab_size, hf.config.n_positions
     for k, (ids, logits) in enumerate(seen):
         if ids != prompt + want[:k]:
+            hint = CHOOSE_ALL_IDS if ids == (prompt + want[:k])[-block:] else ""
             fail(f"{label}: at step {k}, choose got ids {show(ids)}, expected the prompt and the tokens so far, "
-                 f"{show(prompt + want[:k])}")
-        window = (prompt + want[:k])[-hf.config.n_positions:]
+                 f"{show(prompt + want[:k])}", hint)
+        window = (prompt + want[:k])[-block:]
         if not isinstance(logits, torch.Tensor) or logits.shape != (vocab,):
             got = f"a tensor of shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else show(logits)
             fail(f"{label}: at step {k}, choose got {got} as logits, expected a tensor of shape ({vocab},)",
                  "pass it last_logits(model, ids), the scores of the next token only (check test_last_logits)")
         if not torch.allclose(logits.detach().float(), _hf_logits(hf, window), atol=ATOL, rtol=0):
             fail(f"{label}: at step {k}, choose got other logits than the model's after the ids so far",
-                 "pass last_logits(model, ids) to choose")
+                 _join(because_of(**USES_LAST_LOGITS), "pass last_logits(model, ids) to choose"))
 
 
 def _check_lazy(token_stream, model: Remote):
     counting = make("common.Counting", model)  # counts its forward passes in .calls
     n = 10
     label = f"token_stream(<GPT>, <3 ids>, {n})"
-    call(lambda: next(iter(token_stream(counting, _ids(3, SHAPES["a"].vocab_size, seed=1), n))), label=label)
+    hint = because_of(**USES_LAST_LOGITS)
+    stream = call(token_stream, counting, _ids(3, SHAPES["a"].vocab_size, seed=1), n, label=label, hint=hint)
+    _drain(stream, 1, f"next({label})", hint)
     calls = counting.calls
     if calls >= n:
         fail(f"token_stream(<GPT>, <3 ids>, {n}) ran {calls} forward passes before giving its first token",
              "yield each token as soon as it is chosen (a generator), so the caller can show it at once")
+
+
+STOP_ITERATION = ("next() found nothing there, and a StopIteration inside a generator ends it with \"RuntimeError: "
+                  "generator raised StopIteration\". The usual cause: next(model.parameters()) on a model that has "
+                  "none (the model may be any callable with .config; chapter 7's cached model is not a "
+                  "torch.nn.Module): build the ids tensor with torch.tensor(...), on the CPU")
+
+
+def _drain(iterable, limit: int, label: str, hint: str = "") -> tuple[list, bool]:
+    """(up to ``limit`` items of the learner's iterable, whether it ended), read on its side in one request. A crash
+    names the learner's line, with ``hint``; a StopIteration that a generator turned into "RuntimeError: generator
+    raised StopIteration" comes back as the StopIteration it was, where it was raised."""
+    try:
+        return call(ask, "generation.drain", iterable, limit, label=f"list({label})" if limit > 1 else label)
+    except AssertionError as failure:
+        cause = failure.__cause__
+        if cause is None:  # not written yet: said as it is
+            raise
+        stopped = getattr(cause, "type_name", type(cause).__name__) == "StopIteration"  # a LearnerError says its type
+        fail(str(failure), _join(STOP_ITERATION if stopped else "", hint))
 
 
 # ---------------------------------------------------------------- find_stop and held_back
@@ -397,6 +481,12 @@ FIND_STOP_CASES = [
     ("日本語のテキスト", ["テキ"]),
     ("party 🎉 time", ("time", "🎉")),
     ("Exit, pursued by a bear.\n", ("\n", "bear", "Exit")),
+    # a stop string that ends the text; the whole text; no text; two that begin at the same place
+    ("Hello\n\n", ["\n\n"]),
+    ("to be", ("xyz", "be")),
+    ("END", ["END"]),
+    ("", ["\n"]),
+    ("x\n\ny", ["\n\n", "\n"]),
 ]
 
 
@@ -423,6 +513,9 @@ def _find_stop_hint(text, stops, got, want) -> str:
         return "return the index where the stop string BEGINS, not where it ends"
     if any(got == text.rfind(s) for _, s in found):
         return "return the FIRST occurrence, not the last"
+    if got is None and any(text.endswith(s) for s in stops):
+        return ("a stop string that ends the text counts too: the last place it can begin is len(text) - len(stop), "
+                "so look up to range(len(text) - len(stop) + 1) (or use text.find)")
     return "the index where the earliest occurrence of any stop string begins, or None"
 
 
@@ -441,6 +534,10 @@ HELD_BACK_CASES = [
     ("abcab", ["abcabd"]),
     ("anything", []),
     ("ROMEO:\nO", ("JULIET:", "\nO, ")),
+    # a whole stop string at the end is not held back, only a start of one (find_stop finds the whole ones)
+    ("x\n\n", ["\n\n"]),
+    ("THE END", ["THE END"]),
+    ("a", ["ab"]),
 ]
 
 HELD_BACK_MISTAKES = [
@@ -451,6 +548,10 @@ HELD_BACK_MISTAKES = [
      "you held back the SHORTEST end of the text that starts a stop string; hold back the LONGEST"),
     (lambda text, stops: int(oracle_held_back(text, stops) > 0),
      "you held back at most one character; the end of the text may match several characters of a stop string"),
+    (lambda text, stops: max((n for n in range(len(text) + 1) for s in stops
+                              if n <= len(s) and s.startswith(text[len(text) - n:])), default=0),
+     "a whole stop string is not held back (find_stop finds it): count only an end of the text that is SHORTER than "
+     "the stop string it starts"),
 ]
 
 
@@ -526,7 +627,14 @@ STREAM_CASES = [
     StreamCase("the prompt contains the stop string", (" C", "\n", "\n", "D"), stop=("\n\n",), prompt="A\n\nB"),
     StreamCase("eos_ids=(13,) ('.')", (" Yes", ".", " No"), eos_ids=(13,)),
     StreamCase("a chooser that writes its own tokens", (" model", " text"), choose=(" chosen", " words")),
+    StreamCase("text before the stop string in the same token", (" So", " farewell", " then"), stop="well"),
+    StreamCase("two stop strings complete in the same token: the earliest in the text wins",
+               (" The", " end", ".", "\n\n", " More"), stop=("\n\n", ".\n")),
+    StreamCase("an end-of-text token as the last allowed token", (" Good", " night", 50256)),
 ]
+# What TextStream runs of the learner's earlier cells.
+USES_STREAM = {"token_stream": "test_token_stream", "last_logits": "test_last_logits",
+               "find_stop/held_back": "test_stop_strings"}
 
 
 @dataclasses.dataclass
@@ -575,14 +683,17 @@ def check_text_stream(TextStream):
         label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(case.prompt)}, {max_new}, stop={show(case.stop)}" + \
             (f", eos_ids={case.eos_ids}" if case.eos_ids is not None else "") + \
             (", choose=<writes its own tokens>" if chooser_script else "") + f") ({case.what})"
-        stream = call(TextStream, model, theirs, case.prompt, max_new, **kwargs, label=label)
+        cause = because_of(**USES_STREAM)  # the learner's functions of earlier cells that this runs, if they fail
+        stream = call(TextStream, model, theirs, case.prompt, max_new, **kwargs, label=label, hint=cause)
         most = 2 * (max_new + len(want.text)) + 10  # pieces: more than that, and the stream never ends
-        pieces = call(lambda: collect(stream, most)[0], label=f"list({label})")
-        _check_stream(label, case, stream, pieces, want, chooser_script or script, stops)
+        pieces = _drain(stream, most, label, cause)[0]
+        _check_stream(label, case, stream, pieces, want, chooser_script or script, stops, max_new, cause)
     _check_streams_early(TextStream, theirs)
+    _check_arguments(TextStream, theirs)
 
 
-def _check_stream(label, case, stream, pieces, want: Expected, script, stops):
+def _check_stream(label, case, stream, pieces, want: Expected, script, stops, max_new: int, cause: str):
+    """``cause``: which of the learner's functions of earlier cells that TextStream runs fail their own tests."""
     if not all(isinstance(p, str) for p in pieces):
         bad = next(p for p in pieces if not isinstance(p, str))
         fail(f"{label} yielded {show(bad)} ({_type_name(bad)}); yield pieces of text (str)")
@@ -590,7 +701,8 @@ def _check_stream(label, case, stream, pieces, want: Expected, script, stops):
     got_ids = getattr(stream, "ids", None)
     if isinstance(got_ids, list) and got_ids != script[:len(got_ids)]:
         fail(f"{label}: self.ids is {show(got_ids)}, but the model wrote {show(want.ids)}",
-             "these are not the ids the model wrote: check token_stream and last_logits first (test_token_stream)")
+             _join(cause, "these are not the ids the model wrote: check token_stream and last_logits first "
+                          "(test_token_stream)"))
     if "\ufffd" in text and "\ufffd" not in want.text:
         fail(f"{label}: stream emits broken UTF-8 (decoded each token on its own): pieces {show(pieces)}, "
              f"expected text {show(want.text)}",
@@ -605,15 +717,19 @@ def _check_stream(label, case, stream, pieces, want: Expected, script, stops):
              "add every piece you yield to self.text")
     if text != want.text:
         fail(f"{label}: the text is {show(text)} (pieces {show(pieces)}), expected {show(want.text)}",
-             _text_hint(case, stream, text, want, stops))
+             _join(cause, _text_hint(case, stream, text, want, stops)))
     if got_ids != want.ids:
-        fail(f"{label}: self.ids is {show(got_ids)}, expected {show(want.ids)}", _ids_hint(got_ids, want, script))
+        fail(f"{label}: self.ids is {show(got_ids)}, expected {show(want.ids)}",
+             _join(cause, _ids_hint(got_ids, want, script)))
     reason = getattr(stream, "finish_reason", None)
     if reason != want.finish_reason:
-        fail(f"{label}: finish_reason is {show(reason)}, expected {show(want.finish_reason)}",
-             {"eos": "an end-of-text token ended it", "stop": "a stop string ended it",
-              "length": "max_new_tokens tokens were written without an end-of-text token or a stop string"}
-             [want.finish_reason])
+        hint = {"eos": "an end-of-text token ended it", "stop": "a stop string ended it",
+                "length": "max_new_tokens tokens were written without an end-of-text token or a stop string"}[
+            want.finish_reason]
+        if want.finish_reason != "length" and len(want.ids) == max_new:
+            hint += (", even on the last allowed token: a stop string or an end-of-text token decides finish_reason, "
+                     "not the count of tokens")
+        fail(f"{label}: finish_reason is {show(reason)}, expected {show(want.finish_reason)}", _join(cause, hint))
 
 
 def _text_hint(case, stream, text, want: Expected, stops) -> str:
@@ -634,6 +750,9 @@ def _text_hint(case, stream, text, want: Expected, stops) -> str:
         if rest and stop.startswith(rest):
             return ("the start of the stop string was shown before the stop string was complete: hold back the text "
                     "that could be its start (held_back) until the next tokens tell")
+        if want.text.startswith(text) and len(text) < len(want.text):
+            return ("the text before the stop string was never shown: when a stop string is found, show what comes "
+                    "before it (it may have come in the same token as the stop string), then end")
     if want.finish_reason == "stop" and isinstance(ids, list) and len(ids) > len(want.ids):
         return "generation went on after the stop string was complete: end the stream there"
     if want.text.startswith(text) and len(text) < len(want.text):
@@ -676,9 +795,37 @@ def _check_streams_early(TextStream, theirs: Remote):
     script = enc.encode(" Now is the winter of our discontent made glorious summer by this sun of York")
     model = make("generation.Scripted", len(enc.encode("GLOUCESTER:")), script)
     label = f"TextStream(<model>, <GPT-2 tokenizer>, 'GLOUCESTER:', {len(script)})"
-    first = call(lambda: next(iter(TextStream(model, theirs, "GLOUCESTER:", len(script)))),
-                 label=f"next(iter({label}))")
+    cause = because_of(**USES_STREAM)
+    stream = call(TextStream, model, theirs, "GLOUCESTER:", len(script), label=label, hint=cause)
+    first = _drain(stream, 1, f"next(iter({label}))", cause)[0]
     if model.calls >= len(script):
-        fail(f"TextStream yielded its first piece {show(first)} only after all {len(script)} tokens were written",
+        fail(f"TextStream yielded its first piece {show(first[0] if first else None)} only after all {len(script)} "
+             "tokens were written",
              "yield text as soon as it is safe to show (no incomplete character, nothing that may start a stop "
              "string), like a chat window")
+
+
+# Arguments the constructor (given in the notebook) refuses with a ValueError, as the notebook says.
+BAD_ARGUMENTS = [
+    (("ROMEO:", -1), {}, "a negative max_new_tokens"),
+    (("ROMEO:", float("nan")), {}, "max_new_tokens=nan"),
+    (("ROMEO:", 2.5), {}, "max_new_tokens that is not an int"),
+    (("ROMEO:", 5), {"stop": ""}, "an empty stop string"),
+    (("", 5), {}, "an empty prompt"),
+    (([50257], 5), {}, "an id outside the vocabulary"),
+]
+
+
+def _check_arguments(TextStream, theirs: Remote):
+    model = make("generation.Scripted", 2, [13])
+    for (prompt, max_new), options, what in BAD_ARGUMENTS:
+        label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(prompt)}, {show(max_new)}" + \
+            "".join(f", {k}={show(v)}" for k, v in options.items()) + f") ({what})"
+        hint = "the constructor, given in the notebook, checks its arguments: put it back as it was"
+        try:
+            call(TextStream, model, theirs, prompt, max_new, **options, label=label)
+        except AssertionError as failure:
+            if isinstance(failure.__cause__, ValueError):
+                continue
+            fail(f"{failure}; expected ValueError", hint)
+        fail(f"{label} made a stream; expected ValueError", hint)

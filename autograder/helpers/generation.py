@@ -1,7 +1,9 @@
 """Helpers of chapter 5 (the generation loop), built next to the learner's code from plain recipes: a small GPT-2
-with seeded weights, a copy of a list (to see afterwards whether the learner's code changed it), a chooser that
-records what it was given, a chooser that writes a script, and a model that writes a script whatever its context.
-No answers here: the judge computes those (Hugging Face's GPT-2 on the same seeded weights, tiktoken).
+with seeded weights, a model that is not a torch.nn.Module (as chapter 7's cached model is not), a copy of a list
+(to see afterwards whether the learner's code changed it), a generator of ids, a chooser that records what it was
+given, a chooser that writes a script, a model that writes a script whatever its context, and ``drain``, which reads
+a learner's generator in one request. No answers here: the judge computes those (Hugging Face's GPT-2 on the same
+seeded weights, tiktoken).
 
 This runs where ``minigpt.generation`` and later chapters cannot be imported: torch, the standard library, the
 course's reference of chapter 4 (``minigpt.transformer``) and the learner's objects only. Hugging Face's
@@ -13,7 +15,7 @@ import math
 
 import torch
 
-__all__ = ["seeded_gpt", "listed", "Lowest", "Writer", "Scripted"]
+__all__ = ["seeded_gpt", "NotAModule", "listed", "generator_of", "drain", "Lowest", "Writer", "Scripted"]
 
 
 def gpt2_weights(vocab_size: int, block_size: int, n_layer: int, n_embd: int, seed: int,
@@ -54,9 +56,50 @@ def seeded_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_em
     return model.eval()
 
 
+class NotAModule:
+    """``model`` behind a plain callable with ``.config`` and nothing else (no ``parameters()``, ``eval()``,
+    ``device`` or ``forward``), as chapter 7's cached model is. Like that cache, it gives scores only for the
+    positions it has not seen: after a call on some ids, a call on those ids and one more returns (1, 1, V)."""
+
+    def __init__(self, model):
+        self.config, self._model, self._seen = model.config, model, None
+
+    def __call__(self, idx):
+        logits = self._model(idx)  # a wrong input fails here as it would in the GPT
+        ids = idx[0].tolist()
+        new = 1 if self._seen is not None and ids[:-1] == self._seen else len(ids)
+        self._seen = ids
+        return logits[:, -new:]
+
+
 def listed(items) -> list:
     """A list of ``items`` that stays on this side: pass it to the learner's code, read it back afterwards."""
     return list(items)
+
+
+def generator_of(items):
+    """A generator of ``items``: an iterable that can be read only once."""
+    return (i for i in list(items))
+
+
+def drain(iterable, limit: int) -> tuple[list, bool]:
+    """(up to ``limit`` items of ``iterable``, whether it ended), read here in one request. On its way out of a
+    generator, a StopIteration becomes "RuntimeError: generator raised StopIteration" (PEP 479), which names no
+    line of the learner's code that raised it: that error is raised again as the StopIteration it was, with its
+    traceback (the learner's line)."""
+    items: list = []
+    try:
+        iterator = iter(iterable)
+        while len(items) < limit:
+            items.append(next(iterator))
+    except StopIteration:
+        return items, True
+    except RuntimeError as err:
+        cause = err.__cause__
+        if isinstance(cause, StopIteration) and str(err).endswith("raised StopIteration"):
+            raise cause from None
+        raise
+    return items, False
 
 
 class Lowest:

@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 Chooser = Callable[[torch.Tensor, list[int]], int]  # (next-token logits (V,), ids so far) -> the next id
+# A model: a GPT, or any callable with a .config (chapter 7's cached model is not a torch.nn.Module): ids (1, T) ->
+# logits (1, T', V), whose last position scores the next token.
+Model = Callable[[torch.Tensor], torch.Tensor]
 
 
 def greedy(logits: torch.Tensor, ids: list[int]) -> int:
@@ -19,7 +22,7 @@ def greedy(logits: torch.Tensor, ids: list[int]) -> int:
     return int(torch.argmax(logits))
 
 
-def last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+def last_logits(model: Model, ids: list[int]) -> torch.Tensor:
     """Next-token logits (V,) after ``ids``, reading at most the last ``block_size`` tokens."""
     window = ids[-model.config.block_size:]
     with torch.no_grad():
@@ -27,7 +30,7 @@ def last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     return logits[0, -1]
 
 
-def token_stream(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int,
+def token_stream(model: Model, prompt_ids: list[int], max_new_tokens: int,
                  choose: Chooser = greedy, eos_ids: Iterable[int] = ()) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` new ids, one per forward pass; an id in ``eos_ids`` is yielded last."""
     ids = list(prompt_ids)
@@ -60,7 +63,7 @@ def held_back(text: str, stops: Iterable[str]) -> int:
 class TextStream:
     """The text of a generation, piece by piece as it is written; then ``ids``, ``text``, ``finish_reason``."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, prompt: str | list[int], max_new_tokens: int = 64,
+    def __init__(self, model: Model, tokenizer, prompt: str | list[int], max_new_tokens: int = 64,
                  *, stop: str | Iterable[str] = (), eos_ids: Iterable[int] | None = None, choose: Chooser = greedy):
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
@@ -128,7 +131,7 @@ class Generation:
     finish_reason: str  # "eos", "stop" or "length", as the big APIs say it
 
 
-def generate(model: torch.nn.Module, tokenizer, prompt: str | list[int], max_new_tokens: int = 64,
+def generate(model: Model, tokenizer, prompt: str | list[int], max_new_tokens: int = 64,
              **options) -> Generation:
     """Generate to the end and return everything at once; ``options`` are TextStream's (stop, eos_ids, choose)."""
     stream = TextStream(model, tokenizer, prompt, max_new_tokens, **options)

@@ -4,8 +4,8 @@ that names it, and different-but-correct answers, each of which must get full ma
 Solution cells: `last_logits`, `token_stream`, `stop_strings` (find_stop and held_back), `text_stream` (the
 `TextStream` class; the learner writes `__iter__`). Test cells: test_last_logits, test_token_stream,
 test_stop_strings, test_text_stream. token_stream calls last_logits and TextStream calls token_stream,
-find_stop and held_back, so a mistake there can cost the later cells too; a mistake in a later cell must cost
-nothing in the cells before it.
+find_stop and held_back, so a mistake there can cost the later cells too, where the message says that the earlier
+cell fails its own test; a mistake in a later cell must cost nothing in the cells before it.
 """
 from __future__ import annotations
 
@@ -117,6 +117,99 @@ MUTANTS = [
         (Edit("text_stream", FINAL_FLUSH, ""),),
         {"test_text_stream": "text held back at the end was never shown"},
     ),
+    # ---- sizes the contract allows: a window exactly full
+    Mutant(
+        "window-short-when-full",
+        "a full window is cut to block_size - 1 tokens, to 'make room' for the next one",
+        (Edit("last_logits", "window = ids[-model.config.block_size:]",
+              "window = ids if len(ids) < model.config.block_size else ids[-(model.config.block_size - 1):]"),),
+        {"test_last_logits": "the window is one token short",
+         "test_token_stream": "which fails its own test (test_last_logits)"},
+    ),
+    # ---- what the model may be: any callable with .config (chapter 7's cached model is not an nn.Module)
+    Mutant(
+        "device-from-parameters",
+        "last_logits reads the device from next(model.parameters())",
+        (Edit("last_logits", "        logits = model(torch.tensor([window], dtype=torch.long))",
+              "        device = next(model.parameters()).device\n"
+              "        logits = model(torch.tensor([window], dtype=torch.long, device=device))"),),
+        {"test_last_logits": "the model may be any callable with .config",
+         "test_token_stream": "which fails its own test (test_last_logits)",
+         # the StopIteration inside token_stream's generator: named at the learner's line, not as "generator
+         # raised StopIteration" alone, and charged to last_logits
+         "test_text_stream": "raised StopIteration ("},
+    ),
+    Mutant(
+        "eval-in-last-logits",
+        "last_logits calls model.eval()",
+        (Edit("last_logits", "    with torch.no_grad():\n", "    model.eval()\n    with torch.no_grad():\n"),),
+        {"test_last_logits": "do not use model.parameters(), .device, .eval() or .forward",
+         "test_token_stream": "which fails its own test (test_last_logits)"},
+    ),
+    Mutant(
+        "logits-at-window-length",
+        "the last position read as logits[0, len(window) - 1]: a cached model returns only the new positions",
+        (Edit("last_logits", "return logits[0, -1]", "return logits[0, len(window) - 1]"),),
+        {"test_last_logits": "returns scores only for the positions it has not seen",
+         "test_token_stream": "which fails its own test (test_last_logits)"},
+    ),
+    # ---- input types the contract accepts: eos_ids as any iterable
+    Mutant(
+        "eos-generator-read-twice",
+        "eos_ids tested with `in` at each step: a generator is used up by the first test",
+        (Edit("token_stream", "eos = set(eos_ids)", "eos = eos_ids"),),
+        {"test_token_stream": "a generator too, which can be read only once"},
+    ),
+    # ---- interactions: the ids beyond the window passed to choose
+    Mutant(
+        "choose-gets-the-window",
+        "choose is given only the window the model reads, not all the ids so far",
+        (Edit("token_stream", "        next_id = choose(last_logits(model, ids), ids)\n",
+              "        window = ids[-model.config.block_size:]\n"
+              "        next_id = choose(last_logits(model, window), window)\n"),),
+        {"test_token_stream": "not only the window the model reads"},
+    ),
+    # ---- a stop string complete at the very end of the text
+    Mutant(
+        "find-stop-misses-the-end",
+        "find_stop looks at starts up to len(text) - len(stop), exclusive: a stop string that ends the text is missed",
+        (Edit("stop_strings", "found = [i for i in (text.find(s) for s in stops) if i != -1]",
+              "found = [i for s in stops for i in range(len(text) - len(s)) if text[i:i + len(s)] == s]"),),
+        {"test_stop_strings": "a stop string that ends the text counts too",
+         "test_text_stream": "which fails its own test (test_stop_strings)"},
+    ),
+    Mutant(
+        "held-back-whole-stop",
+        "held_back counts a whole stop string at the end as a start",
+        (Edit("stop_strings", "range(min(len(s) - 1, len(text)), longest, -1)",
+              "range(min(len(s), len(text)), longest, -1)"),),
+        {"test_stop_strings": "a whole stop string is not held back"},
+    ),
+    # ---- interactions: text before the stop string in the same decoded piece; stop or eos on the last token
+    Mutant(
+        "stop-drops-the-text-before",
+        "when a stop string is found, the text before it is dropped",
+        (Edit("text_stream", """\
+            if cut is not None:
+                pending = pending[:cut]
+                self.finish_reason = "stop"
+                break
+""", """\
+            if cut is not None:
+                self.finish_reason = "stop"
+                return
+"""),),
+        {"test_text_stream": "the text before the stop string was never shown"},
+    ),
+    Mutant(
+        "finish-reason-from-count",
+        "finish_reason is 'length' whenever max_new_tokens ids were written",
+        (Edit("text_stream", FINAL_FLUSH, """\
+        if len(self.ids) == self.max_new_tokens:
+            self.finish_reason = "length"
+""" + FINAL_FLUSH),),
+        {"test_text_stream": "even on the last allowed token"},
+    ),
 ]
 
 
@@ -139,12 +232,13 @@ def token_stream(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: 
                  choose: Chooser = greedy, eos_ids: Iterable[int] = ()) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` new ids, one per forward pass; an id in ``eos_ids`` is yielded last."""
     ids = prompt_ids.copy()
+    stop_ids = {*eos_ids}
     produced = 0
     while produced < max_new_tokens:
         token = choose(last_logits(model, ids), ids)
         produced += 1
         yield token
-        if token in eos_ids:
+        if token in stop_ids:
             break
         ids = ids + [token]
 '''
@@ -262,6 +356,122 @@ def token_stream(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: 
             return
 '''
 
+# The length the model returned for the last position; token_stream by the number of ids; find_stop and held_back by
+# scanning the text from its start; TextStream looks for stop strings in all the text decoded so far and shows what
+# is new, with a for ... else for finish_reason.
+SCAN_LAST_LOGITS = '''\
+#| export
+@torch.no_grad()
+def last_logits(model, ids: list[int]) -> torch.Tensor:
+    """Next-token logits (V,) after ``ids``, reading at most the last ``block_size`` tokens."""
+    x = torch.tensor(ids[-model.config.block_size:]).view(1, -1)
+    logits = model(x)
+    return logits[0, logits.shape[1] - 1]
+'''
+SCAN_TOKEN_STREAM = '''\
+#| export
+def token_stream(model, prompt_ids: list[int], max_new_tokens: int, choose: Chooser = greedy,
+                 eos_ids: Iterable[int] = ()) -> Iterator[int]:
+    """Yield up to ``max_new_tokens`` new ids, one per forward pass; an id in ``eos_ids`` is yielded last."""
+    eos = frozenset(eos_ids)
+    ids = [*prompt_ids]
+    while len(ids) - len(prompt_ids) < max_new_tokens:
+        token = choose(last_logits(model, ids), ids)
+        yield token
+        if token in eos:
+            break
+        ids.append(token)
+'''
+SCAN_STOP_STRINGS = '''\
+#| export
+def find_stop(text: str, stops: Iterable[str]) -> int | None:
+    """Index of the earliest occurrence of any of ``stops`` in ``text``, or None."""
+    stops = list(stops)
+    for i in range(len(text)):
+        if any(text.startswith(s, i) for s in stops):
+            return i
+    return None
+
+
+def held_back(text: str, stops: Iterable[str]) -> int:
+    """Length of the longest end of ``text`` that is the start (not the whole) of one of ``stops``."""
+    stops = list(stops)
+    for i in range(len(text)):
+        tail = text[i:]
+        if any(len(s) > len(tail) and s.startswith(tail) for s in stops):
+            return len(tail)
+    return 0
+'''
+WHOLE_TEXT_ITER = '''\
+    def __iter__(self) -> Iterator[str]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoded = ""  # all the text decoded so far; decoded[:shown] has been yielded
+        shown = end = 0
+        for token in token_stream(self.model, self.prompt_ids, self.max_new_tokens, self.choose, self.eos_ids):
+            self.ids.append(token)
+            if token in self.eos_ids:
+                self.finish_reason = "eos"
+                break
+            decoded += decoder.decode(self.tokenizer.decode_bytes([token]))
+            cut = find_stop(decoded, self.stop)
+            if cut is not None:
+                self.finish_reason = "stop"
+                end = cut
+                break
+            end = len(decoded) - held_back(decoded, self.stop)
+            if end > shown:
+                piece, shown = decoded[shown:end], end
+                self.text += piece
+                yield piece
+        else:
+            self.finish_reason = "length"
+        if self.finish_reason != "stop":
+            decoded += decoder.decode(b"", final=True)
+            end = len(decoded)
+        if end > shown:
+            self.text += decoded[shown:end]
+            yield decoded[shown:end]
+'''
+
+# squeeze(0) then [-1]; a countdown; find_stop from a dict of positions; held_back as one max over the prefixes;
+# TextStream yields one character at a time.
+SQUEEZE_LAST_LOGITS = '''\
+#| export
+def last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """Next-token logits (V,) after ``ids``, reading at most the last ``block_size`` tokens."""
+    with torch.inference_mode():
+        logits = model(torch.as_tensor([ids[-model.config.block_size:]]))
+    return logits.squeeze(0)[-1]
+'''
+COUNTDOWN_TOKEN_STREAM = '''\
+#| export
+def token_stream(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int,
+                 choose: Chooser = greedy, eos_ids: Iterable[int] = ()) -> Iterator[int]:
+    """Yield up to ``max_new_tokens`` new ids, one per forward pass; an id in ``eos_ids`` is yielded last."""
+    eos = set(eos_ids)
+    context = list(prompt_ids)
+    remaining = max_new_tokens
+    while remaining > 0:
+        remaining -= 1
+        token = choose(last_logits(model, context), list(context))
+        context.append(token)
+        yield token
+        if token in eos:
+            return
+'''
+DICT_STOP_STRINGS = '''\
+#| export
+def find_stop(text: str, stops: Iterable[str]) -> int | None:
+    """Index of the earliest occurrence of any of ``stops`` in ``text``, or None."""
+    positions = {s: text.find(s) for s in stops}
+    return min((i for i in positions.values() if i >= 0), default=None)
+
+
+def held_back(text: str, stops: Iterable[str]) -> int:
+    """Length of the longest end of ``text`` that is the start (not the whole) of one of ``stops``."""
+    return max((n for s in stops for n in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:n])), default=0)
+'''
+
 VARIANTS = [
     Variant(
         "while-inference-regex",
@@ -275,5 +485,36 @@ VARIANTS = [
         cells={"last_logits": DETACH_LAST_LOGITS, "stop_strings": PREFIX_STOP_STRINGS,
                "token_stream": INFERENCE_TOKEN_STREAM},
         edits=(Edit("text_stream", REFERENCE_ITER, DIFF_ITER),),
+    ),
+    Variant(
+        "scan-and-whole-text",
+        "last_logits reads the length the model returned; find_stop and held_back scan from the start; TextStream "
+        "looks for stop strings in all the text decoded so far, with for ... else",
+        cells={"last_logits": SCAN_LAST_LOGITS, "token_stream": SCAN_TOKEN_STREAM, "stop_strings": SCAN_STOP_STRINGS},
+        edits=(Edit("text_stream", REFERENCE_ITER, WHOLE_TEXT_ITER),),
+    ),
+    Variant(
+        "character-pieces",
+        "TextStream yields one character at a time; last_logits by squeeze(0)[-1]; a countdown loop; find_stop from "
+        "a dict of positions",
+        cells={"last_logits": SQUEEZE_LAST_LOGITS, "token_stream": COUNTDOWN_TOKEN_STREAM,
+               "stop_strings": DICT_STOP_STRINGS},
+        edits=(Edit("text_stream", """\
+            if ready:
+                self.text += ready
+                yield ready
+""", """\
+            for character in ready:
+                self.text += character
+                yield character
+"""), Edit("text_stream", """\
+        if pending:
+            self.text += pending
+            yield pending
+""", """\
+        for character in pending:
+            self.text += character
+            yield character
+""")),
     ),
 ]
