@@ -164,8 +164,9 @@ def test_class_folder_is_graded_per_student(class_run):
 def test_untouched_release_loses_every_test_with_its_error(class_run):
     _, results, _ = class_run
     assert [(lp["grade_id"], lp["score"], lp["message"]) for lp in results["ben"]["lost"]] == [
-        ("test_add", 0, "NotImplementedError"),
-        ("test_add_floats", 0, "NotImplementedError"),
+        ("test_add", 0, 'NotImplementedError (cell test_add, line 1: `assert add(1, 2) == 3, "add(1, 2) should be 3"`)'),
+        ("test_add_floats", 0, "NotImplementedError (cell test_add_floats, line 1: "
+                               '`assert add(0.5, 0.25) == 0.75, "add(0.5, 0.25) should be 0.75"`)'),
     ]
 
 
@@ -371,12 +372,12 @@ def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
 
 
 def test_the_capstone_is_not_offered_for_grading(capsys):
-    """08-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
-    assert "08-capstone" in grade.course_chapters(ROOT)
-    assert "08-capstone" not in grade.graded_chapters(ROOT)
-    assert grade.graded_chapters(ROOT) == [ch for ch in grade.course_chapters(ROOT) if ch != "08-capstone"]
-    code, _, err = run_grade(capsys, ROOT / "notebooks" / "08-capstone" / "08-capstone.ipynb")
-    assert code == 2 and "no chapter 08-capstone to grade" in err
+    """09-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
+    assert "09-capstone" in grade.course_chapters(ROOT)
+    assert "09-capstone" not in grade.graded_chapters(ROOT)
+    assert grade.graded_chapters(ROOT) == [ch for ch in grade.course_chapters(ROOT) if ch != "09-capstone"]
+    code, _, err = run_grade(capsys, ROOT / "notebooks" / "09-capstone" / "09-capstone.ipynb")
+    assert code == 2 and "no chapter 09-capstone to grade" in err
 
 
 def test_limits_on_the_command_line(course, capsys):
