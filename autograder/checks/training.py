@@ -1,0 +1,441 @@
+"""Chapter 8 (training): hidden checks for get_batch, cross_entropy and perplexity, estimate_loss, lr_at,
+train_step and train.
+
+The oracles: PyTorch's ``F.cross_entropy`` and its gradient, ``torch.optim.lr_scheduler.LambdaLR`` driven by the
+reference schedule, and the course's reference training functions (``minigpt.training``) run here on the same
+seeded tiny GPTs, the same batches and the same optimizer settings as the learner's code runs on over there
+(``autograder.helpers.training`` builds those). A step of the learner's code must leave the model's weights
+where the reference step leaves them.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from autograder.helpers import training as recipes
+from autograder.judge import ask, because_of, cell, make, seeded, type_of
+from coursekit.testing import call, describe_error, fail, show
+from minigpt import training as reference
+
+CHAPTER = "chapter 8 (training)"
+_lock = threading.Lock()
+
+
+def _tensor(label: str, got, shape, dtype=None) -> torch.Tensor:
+    if not isinstance(got, torch.Tensor):
+        fail(f"{label} returned {type_of(got)}, expected a tensor of shape {tuple(shape)}")
+    if tuple(got.shape) != tuple(shape):
+        fail(f"{label} returned a tensor of shape {tuple(got.shape)}, expected {tuple(shape)}")
+    if dtype is not None and got.dtype != dtype:
+        fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} tensor, expected "
+             f"{str(dtype).removeprefix('torch.')}", "token ids are int64: .long()")
+    return got
+
+
+def _stream(n: int, seed: int, vocab: int = 50257, dtype=torch.long) -> torch.Tensor:
+    return torch.randint(vocab, (n,), generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# ---------------------------------------------------------------- get_batch
+
+BATCH_CASES = [  # (length of the stream, batch_size, block_size, seed, dtype of the ids)
+    (100, 4, 8, 0, torch.long), (50, 1, 16, 1, torch.long), (9, 3, 8, 2, torch.long), (1000, 16, 32, 3, torch.long),
+    (64, 5, 4, 4, torch.int32), (64, 2, 6, 5, torch.int16), (40, 3, 5, 6, torch.uint8), (20, 0, 5, 7, torch.long),
+]
+
+
+def _batch_mistake(ids, B, T, seed, x, y) -> str:
+    g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+    if torch.equal(x, y):
+        return "the target is the window itself: it must be the window shifted one token to the right, y[t] = x[t + 1]"
+    if len(ids) > T + 1:
+        starts = torch.randint(len(ids) - T - 1, (B,), generator=g())
+        if torch.equal(x, ids[starts[:, None] + torch.arange(T)].long()):
+            return ("the starts are drawn below len(ids) - block_size - 1: draw them with "
+                    "torch.randint(len(ids) - block_size, (batch_size,), generator=generator)")
+    starts = torch.randint(len(ids) - T, (B,), generator=g())
+    if torch.equal(y, ids[(starts[:, None] + torch.arange(T) - 1).clamp(min=0)].long()):
+        return "the target is shifted the wrong way: y[t] is the token AFTER x[t]"
+    return ("draw the starts with torch.randint(len(ids) - block_size, (batch_size,), generator=generator), then "
+            "x = the window at each start and y = the window one token further")
+
+
+@cell("test_get_batch")
+def check_get_batch(get_batch):
+    for n, B, T, seed, dtype in BATCH_CASES:
+        ids = _stream(n, seed, vocab=250 if dtype == torch.uint8 else 50257, dtype=dtype)
+        label = f"get_batch(<{n} ids of dtype {str(dtype).removeprefix('torch.')}>, {B}, {T}, <a generator seeded {seed}>)"
+        answer = call(ask, "training.run", get_batch, ids, B, T, generator=make("training.generator", seed),
+                      label=label)
+        got, changed = answer
+        if changed[0]:
+            fail(f"{label} changed the ids it was given", "read ids, never write into them")
+        if not isinstance(got, tuple) or len(got) != 2:
+            fail(f"{label} returned {show(got)}, expected a pair (x, y)", "return x, y")
+        want_x, want_y = reference.get_batch(ids, B, T, torch.Generator().manual_seed(seed))
+        x = _tensor(f"{label}[0] (x)", got[0], want_x.shape, torch.long)
+        y = _tensor(f"{label}[1] (y)", got[1], want_y.shape, torch.long)
+        if not (torch.equal(x, want_x) and torch.equal(y, want_y)):
+            fail(f"{label} returned windows that differ from the expected ones (x[0] = {show(x[0].tolist() if B else [])}, "
+                 f"expected {show(want_x[0].tolist() if B else [])}; y[0] = {show(y[0].tolist() if B else [])}, expected "
+                 f"{show(want_y[0].tolist() if B else [])})", _batch_mistake(ids.long(), B, T, seed, x, y))
+    for ids, B, T, what in ((_stream(8, 0), 2, 8, "8 ids for a block_size of 8"),
+                            (_stream(3, 0), 1, 8, "3 ids for a block_size of 8"),
+                            (_stream(20, 0).reshape(4, 5), 2, 3, "a 2-D tensor of ids")):
+        label = f"get_batch(<{what}>, {B}, {T})"
+        try:
+            got = get_batch(ids, B, T, make("training.generator", 0))
+        except ValueError:
+            continue
+        except Exception as err:
+            if getattr(err, "grader_side", False):
+                raise
+            fail(f"{label} raised {describe_error(err)}; expected a ValueError that says what is wrong",
+                 "check the ids first: a 1-D tensor of at least block_size + 1 ids")
+        fail(f"{label} returned {show(got)}; expected a ValueError",
+             "a window and its target need block_size + 1 ids, and ids is one stream (1-D)")
+
+
+# ---------------------------------------------------------------- cross_entropy and perplexity
+
+def _ce_cases():
+    g = torch.Generator().manual_seed(80)
+    cases = [(torch.randn(2, 3, 7, generator=g), "random logits (2, 3, 7)"),
+             (torch.randn(1, 1, 5, generator=g), "one position (1, 1, 5)"),
+             (torch.randn(4, 9, 50257, generator=g) * 3, "GPT-2's vocabulary (4, 9, 50257)"),
+             (torch.randn(2, 5, 11, generator=g) * 1000, "logits near +-1000 (exp overflows in float32)"),
+             (torch.randn(3, 4, 6, generator=g, dtype=torch.float64), "float64 logits"),
+             (torch.full((2, 2, 4), 7.5), "all logits equal")]
+    masked = torch.randn(2, 3, 8, generator=g)
+    masked[..., 5:] = float("-inf")  # tokens that can never come: the targets are among the others
+    cases.append((masked, "logits with -inf for impossible tokens"))
+    out = []
+    for logits, what in cases:
+        V = logits.shape[-1]
+        targets = torch.randint(min(V, 5), logits.shape[:2], generator=g)
+        out.append((logits, targets, what))
+    out.append((out[0][0], out[0][1].int(), "int32 targets"))
+    return out
+
+
+def _ce_mistake(logits, targets, got) -> str:
+    lp = torch.log_softmax(logits.double(), -1)
+    nll = -lp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    got = float(got)
+    candidates = [(nll.sum(), "you summed the losses: take the mean over every position (B * T of them)"),
+                  (-nll.mean(), "the sign: the loss is MINUS the log-probability of the target, a positive number"),
+                  (nll.mean() / math.log(2), "bits: the loss is in nats, the natural logarithm (no division by ln 2)"),
+                  ((-torch.log_softmax(logits.double(), 1).gather(-1, targets.long().unsqueeze(-1))).mean(),
+                   "softmax over the wrong dimension: normalise over the vocabulary, the last dimension"),
+                  (nll.mean(dim=-1).sum() if nll.dim() > 1 else nll.sum(), "the mean must be over all B * T positions")]
+    for value, hint in candidates:
+        if math.isfinite(value.item()) and abs(got - value.item()) <= 1e-4 * max(1.0, abs(value.item())):
+            return hint
+    if not math.isfinite(got):
+        return "exp of a large logit overflows to inf: use torch.logsumexp (or subtract the largest logit first)"
+    return "-log softmax(logits)[target] at each position, then the mean"
+
+
+@cell("test_cross_entropy")
+def check_cross_entropy(cross_entropy, perplexity):
+    for logits, targets, what in _ce_cases():
+        label = f"cross_entropy(<{what}>, <targets {tuple(targets.shape)}>)"
+        answer = call(ask, "training.gradient_norms", cross_entropy, logits, targets, label=label)
+        got, grad = answer["loss"], answer["grad"]
+        want = F.cross_entropy(logits.flatten(0, 1), targets.long().flatten())
+        if not isinstance(got, torch.Tensor) or got.dim() != 0:
+            fail(f"{label} returned {show(got)}, expected a 0-d tensor (a single number gradients flow through)",
+                 "return the mean as a tensor, not .item()")
+        if not math.isfinite(got.item()) or abs(got.item() - want.item()) > 1e-4 * max(1.0, abs(want.item())):
+            fail(f"{label} returned {got.item():.6g}, expected {want.item():.6g} (F.cross_entropy)",
+                 _ce_mistake(logits, targets, got))
+        if got.dtype != logits.dtype:
+            fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} loss for "
+                 f"{str(logits.dtype).removeprefix('torch.')} logits", "keep the logits' dtype")
+        leaf = logits.clone().requires_grad_(True)
+        F.cross_entropy(leaf.flatten(0, 1), targets.long().flatten()).backward()
+        if grad is None:
+            fail(f"{label}: no gradient reached the logits",
+                 "compute the loss with torch operations on the logits (no .item(), .detach(), numpy or torch.no_grad())")
+        if not torch.allclose(grad.double(), leaf.grad.double(), atol=2e-5, rtol=1e-3, equal_nan=False):
+            fail(f"{label}: the gradient of your loss differs from F.cross_entropy's by up to "
+                 f"{(grad.double() - leaf.grad.double()).abs().max().item():.2e}",
+                 "a mean over all positions; the largest logit subtracted inside logsumexp, not detached by hand")
+    for shapes in (((2, 3, 7), (3, 2)), ((2, 3, 7), (2, 3, 1)), ((6, 7), (6,))):
+        logits, targets = torch.zeros(*shapes[0]), torch.zeros(*shapes[1], dtype=torch.long)
+        label = f"cross_entropy(<logits {shapes[0]}>, <targets {shapes[1]}>)"
+        try:
+            got = cross_entropy(logits, targets)
+        except ValueError:
+            continue
+        except Exception as err:
+            if getattr(err, "grader_side", False):
+                raise
+            fail(f"{label} raised {describe_error(err)}; expected a ValueError naming the shapes",
+                 "check logits.dim() == 3 and targets.shape == logits.shape[:2] first")
+        fail(f"{label} returned {show(got)}; expected a ValueError", "logits are (B, T, V) and targets (B, T)")
+    for loss in (0.0, 1.0, math.log(50257), 4.6):
+        got = call(perplexity, loss, name="perplexity")
+        if not isinstance(got, float) or abs(got - math.exp(loss)) > 1e-6 * math.exp(loss):
+            fail(f"perplexity({loss:.4g}) returned {show(got)}, expected {math.exp(loss):.6g}",
+                 "e ** loss, as a float: math.exp(float(loss))")
+    got = call(perplexity, torch.tensor(2.0), name="perplexity")
+    if not isinstance(got, float) or abs(got - math.exp(2.0)) > 1e-5:
+        fail(f"perplexity(tensor(2.)) returned {show(got)}, expected {math.exp(2.0):.6g} as a float",
+             "accept a 0-d tensor too: float(loss)")
+
+
+# ---------------------------------------------------------------- estimate_loss
+
+ESTIMATE_CASES = [  # (model seed, stream length, number of windows, batch_size, model's mode before)
+    (10, 400, 5, 2, True), (11, 300, 8, 8, False), (12, 500, 1, 4, True), (13, 250, 7, 3, False),
+]
+
+
+@functools.cache
+def _tiny(seed: int):
+    with seeded(seed):  # (tiny_gpt seeds torch's generator: one thread at a time)
+        return recipes.tiny_gpt(seed)
+
+
+@cell("test_estimate_loss")
+def check_estimate_loss(estimate_loss):
+    for seed, n, windows, batch_size, training in ESTIMATE_CASES:
+        model = make("training.Watched", make("training.tiny_gpt", seed))
+        ours = _tiny(seed)
+        ids = _stream(n, seed + 100, vocab=97)
+        starts = reference.spread(ids, ours.config.block_size, windows)
+        model.train(training)
+        label = (f"estimate_loss(<GPT>, <{n} ids>, <{windows} starts>, {ours.config.block_size}, "
+                 f"batch_size={batch_size}) on a model in {'training' if training else 'eval'} mode")
+        got = call(estimate_loss, model, ids, starts, ours.config.block_size, batch_size, label=label,
+                   hint=because_of(cross_entropy="test_cross_entropy"))
+        with _lock:
+            want = reference.estimate_loss(ours, ids, starts, ours.config.block_size, batch_size)
+        calls = model.calls
+        if not isinstance(got, (float, int)) or isinstance(got, bool):
+            fail(f"{label} returned {show(got)}, expected a float", "return the mean loss as a float (.item())")
+        if abs(got - want) > 1e-4:
+            hint = ""
+            plain_mean = _unweighted(ours, ids, starts, batch_size)
+            if plain_mean is not None and abs(got - plain_mean) < 1e-5:
+                hint = ("you averaged the chunks' losses: a last, smaller chunk counts as much as a full one. Weigh "
+                        "each chunk by its number of windows")
+            fail(f"{label} returned {got:.6f}, expected {want:.6f}",
+                 hint or because_of(cross_entropy="test_cross_entropy")
+                 or "the mean cross-entropy over the windows at starts, each window counting once")
+        if any(grad for _, grad in calls):
+            fail(f"{label} ran the model with gradients on",
+                 "measuring needs no gradients: decorate with @torch.no_grad() or use `with torch.no_grad():`")
+        if any(mode for mode, _ in calls):
+            fail(f"{label} ran the model in training mode", "call model.eval() before measuring (dropout off)")
+        if model.training != training:
+            fail(f"{label} left the model in {'training' if model.training else 'eval'} mode",
+                 "give the model back in the mode it was in: remember model.training, restore it at the end")
+
+
+def _unweighted(model, ids, starts, batch_size) -> float | None:
+    with _lock, torch.no_grad():
+        model.eval()
+        T = model.config.block_size
+        losses = []
+        for chunk in starts.split(batch_size):
+            positions = chunk[:, None] + torch.arange(T)
+            losses.append(F.cross_entropy(model(ids[positions]).flatten(0, 1), ids[positions + 1].flatten()).item())
+        return sum(losses) / len(losses) if losses else None
+
+
+# ---------------------------------------------------------------- lr_at
+
+SCHEDULES = [dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=100),
+             dict(max_lr=6e-4, min_lr=6e-5, warmup_steps=0, max_steps=50),
+             dict(max_lr=3e-3, min_lr=3e-3, warmup_steps=5, max_steps=20),
+             dict(max_lr=1.0, min_lr=0.0, warmup_steps=1, max_steps=2),
+             dict(max_lr=2e-3, min_lr=2e-4, warmup_steps=7, max_steps=8)]
+LR_MISTAKES = [
+    (lambda s, k: k["max_lr"] * s / k["warmup_steps"] if s < k["warmup_steps"] else None,
+     "the warm-up starts at 0: step 0 already trains, at max_lr * (step + 1) / warmup_steps"),
+    (lambda s, k: k["max_lr"] * (s + 1) / (k["warmup_steps"] + 1) if s < k["warmup_steps"] else None,
+     "the warm-up reaches max_lr at step warmup_steps - 1: max_lr * (step + 1) / warmup_steps"),
+    (lambda s, k: 0.5 * k["max_lr"] * (1 + math.cos(math.pi * (s - k["warmup_steps"]) / (k["max_steps"] - k["warmup_steps"])))
+     if k["warmup_steps"] <= s < k["max_steps"] else None,
+     "the cosine must end at min_lr, not 0: min_lr + (max_lr - min_lr) * (1 + cos(pi * progress)) / 2"),
+    (lambda s, k: k["min_lr"] + 0.5 * (k["max_lr"] - k["min_lr"]) * (1 + math.cos(math.pi * (s - k["warmup_steps"]) / (k["max_steps"] - k["warmup_steps"])))
+     if s > k["max_steps"] else None,
+     "after max_steps the rate stays at min_lr (the cosine would climb back up)"),
+    (lambda s, k: k["min_lr"] + 0.5 * (k["max_lr"] - k["min_lr"]) * (1 + math.cos(math.pi * s / k["max_steps"]))
+     if k["warmup_steps"] <= s < k["max_steps"] else None,
+     "the cosine's progress counts from the end of the warm-up: (step - warmup_steps) / (max_steps - warmup_steps)"),
+]
+
+
+def _lambda_lr(schedule: dict, steps: int) -> list[float]:
+    """The rates torch's LambdaLR gives with the reference schedule as its factor of max_lr."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=schedule["max_lr"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: reference.lr_at(s, **schedule) / schedule["max_lr"])
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+@cell("test_lr_at")
+def check_lr_at(lr_at):
+    for schedule in SCHEDULES:
+        steps = schedule["max_steps"] + 5
+        oracle = _lambda_lr(schedule, steps)
+        for step in range(steps):
+            label = f"lr_at({step}, {', '.join(f'{k}={v:g}' for k, v in schedule.items())})"
+            got = call(lr_at, step, label=label, **schedule)
+            if isinstance(got, bool) or not isinstance(got, (int, float)):
+                fail(f"{label} returned {show(got)}, expected a float")
+            if abs(got - oracle[step]) > 1e-12 + 1e-9 * oracle[step]:
+                hint = next((why for mistake, why in LR_MISTAKES if (v := mistake(step, schedule)) is not None
+                             and abs(got - v) < 1e-12 + 1e-9 * abs(v)), "")
+                fail(f"{label} returned {got:.6g}, expected {oracle[step]:.6g} (torch's LambdaLR with the schedule)",
+                     hint)
+    for bad in (dict(max_lr=1e-3, min_lr=1e-2, warmup_steps=1, max_steps=10),
+                dict(max_lr=1e-3, min_lr=-1e-4, warmup_steps=1, max_steps=10),
+                dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=10),
+                dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=-1, max_steps=10)):
+        label = f"lr_at(0, {', '.join(f'{k}={v:g}' for k, v in bad.items())})"
+        try:
+            got = lr_at(0, **bad)
+        except ValueError:
+            continue
+        except Exception as err:
+            if getattr(err, "grader_side", False):
+                raise
+            fail(f"{label} raised {describe_error(err)}; expected a ValueError")
+        fail(f"{label} returned {show(got)}; expected a ValueError",
+             "check 0 <= min_lr <= max_lr and 0 <= warmup_steps < max_steps first")
+
+
+# ---------------------------------------------------------------- train_step
+
+STEP_CASES = [  # (model seed, batch seed, lr, max_grad_norm, steps in a row, model in training mode first)
+    (20, 0, 1e-3, 1.0, 1, True), (21, 1, 3e-3, 0.05, 2, False), (22, 2, 1e-2, 1e9, 3, True),
+]
+
+
+def _reference_steps(seed, batches, lr, clip):
+    with seeded(seed):
+        model = recipes.tiny_gpt(seed)
+    optimizer = recipes.adamw(model, lr=lr)
+    losses = [reference.train_step(model, optimizer, x, y, clip) for x, y in batches]
+    return losses, recipes.parameters(model)
+
+
+@cell("test_train_step")
+def check_train_step(train_step):
+    for seed, batch_seed, lr, clip, n, training in STEP_CASES:
+        model = make("training.Watched", make("training.tiny_gpt", seed))
+        optimizer = make("training.adamw", model, lr)
+        model.train(training)
+        ids = _stream(400, batch_seed, vocab=97)
+        g = torch.Generator().manual_seed(batch_seed)
+        batches = [reference.get_batch(ids, 4, 16, g) for _ in range(n)]
+        label = f"train_step(<GPT>, <AdamW, lr={lr:g}>, x, y, max_grad_norm={clip:g})"
+        got = [call(train_step, model, optimizer, x, y, clip, label=label,
+                    hint=because_of(cross_entropy="test_cross_entropy")) for x, y in batches]
+        want, want_params = _reference_steps(seed, batches, lr, clip)
+        calls = model.calls
+        if calls and not calls[0][0]:
+            fail(f"{label} ran the model in eval mode", "call model.train() first: dropout is on while training")
+        if any(not isinstance(v, float) for v in got):
+            bad = next(v for v in got if not isinstance(v, float))
+            fail(f"{label} returned {show(bad)}, expected the loss as a float", "return loss.item()")
+        for k, (g_loss, w_loss) in enumerate(zip(got, want)):
+            if abs(g_loss - w_loss) > 1e-4:
+                fail(f"{label}, step {k + 1} of {n} on one model: returned the loss {g_loss:.6f}, expected {w_loss:.6f}",
+                     "return the loss of the batch computed BEFORE the step"
+                     if k == 0 else "zero the gradients before each backward pass: they add up otherwise")
+        params = ask("training.parameters", model)
+        if not isinstance(params, dict):
+            fail(f"{label}: the model's parameters could not be read back ({type_of(params)})")
+        worst, name = 0.0, ""
+        for key, value in want_params.items():
+            theirs = params.get(f"model.{key}", params.get(key))
+            if not isinstance(theirs, torch.Tensor) or theirs.shape != value.shape:
+                fail(f"{label}: the model's parameter {key} is missing or changed shape")
+            diff = (theirs - value).abs().max().item()
+            if diff > worst:
+                worst, name = diff, key
+        if worst > 1e-5:
+            lrs = optimizer.lrs
+            hint = "forward, loss, zero the gradients, backward, clip_grad_norm_(model.parameters(), max_grad_norm), step"
+            if not lrs:
+                hint = "call optimizer.step(): the weights never moved"
+            elif _unclipped_matches(seed, batches, lr, params):
+                hint = "clip the gradients' norm to max_grad_norm before optimizer.step()"
+            fail(f"{label}: after {n} step(s) the weights differ from the reference step's by up to {worst:.2e} "
+                 f"(in {name})", hint)
+
+
+def _unclipped_matches(seed, batches, lr, params) -> bool:
+    _, unclipped = _reference_steps(seed, batches, lr, 1e9)
+    return all((params.get(f"model.{k}", params.get(k)) - v).abs().max().item() < 1e-5 for k, v in unclipped.items())
+
+
+# ---------------------------------------------------------------- train
+
+TRAIN_CASES = [  # (model seed, data seed, steps, start_step, batch_size, eval_every, schedule)
+    (30, 0, 7, 0, 3, 3, dict(max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=7)),
+    (31, 1, 6, 2, 2, 0, dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=1, max_steps=6)),
+    (32, 2, 4, 0, 4, 2, dict(max_lr=2e-3, min_lr=2e-3, warmup_steps=0, max_steps=4)),
+]
+
+
+@cell("test_train")
+def check_train(train):
+    uses = dict(get_batch="test_get_batch", lr_at="test_lr_at", train_step="test_train_step")
+    for seed, data_seed, steps, start, B, every, schedule in TRAIN_CASES:
+        model = make("training.tiny_gpt", seed)
+        optimizer = make("training.adamw", model, schedule["max_lr"])
+        recorder = make("training.Recorder")
+        ids = _stream(600, data_seed, vocab=97)
+        label = (f"train(<GPT>, <AdamW>, <600 ids>, steps={steps}, batch_size={B}, schedule={schedule}, "
+                 f"eval_every={every}, start_step={start})")
+        log = call(train, model, optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
+                   generator=make("training.generator", data_seed), eval_every=every, evaluate=recorder,
+                   start_step=start, progress=False, label=label, hint=because_of(**uses))
+        with seeded(seed):
+            ours = recipes.tiny_gpt(seed)
+            our_optimizer = recipes.adamw(ours, lr=schedule["max_lr"])
+            our_recorder = recipes.Recorder()
+            want = reference.train(ours, our_optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
+                                   generator=torch.Generator().manual_seed(data_seed), eval_every=every,
+                                   evaluate=our_recorder, start_step=start, progress=False)
+        if not isinstance(log, dict) or "losses" not in log or "evals" not in log:
+            fail(f"{label} returned {show(log)}, expected a dict with 'losses' and 'evals'")
+        if recorder.calls != our_recorder.calls:
+            fail(f"{label} called evaluate with {show(recorder.calls)}, expected {show(our_recorder.calls)}",
+                 "after each eval_every steps done (steps done = step + 1), and after the last step")
+        if list(log["evals"]) != [tuple(e) for e in want["evals"]] and \
+                [tuple(e) for e in log["evals"]] != [tuple(e) for e in want["evals"]]:
+            fail(f"{label}['evals'] is {show(log['evals'])}, expected {show(want['evals'])}",
+                 "append (steps done, what evaluate returned) for each call")
+        lrs = [group[0] for group in optimizer.lrs]
+        want_lrs = [reference.lr_at(s, **schedule) for s in range(start, steps)]
+        if len(lrs) != len(want_lrs):
+            fail(f"{label} took {len(lrs)} optimizer steps, expected {len(want_lrs)} (steps {start} to {steps - 1})",
+                 "one train_step per step, from start_step to steps - 1")
+        if any(abs(a - b) > 1e-12 for a, b in zip(lrs, want_lrs)):
+            k = next(i for i, (a, b) in enumerate(zip(lrs, want_lrs)) if abs(a - b) > 1e-12)
+            fail(f"{label}: step {start + k} ran at the learning rate {lrs[k]:.6g}, expected {want_lrs[k]:.6g}",
+                 "set every param group's lr to lr_at(step, **schedule) before the step"
+                 + (f"; {because_of(lr_at='test_lr_at')}" if because_of(lr_at="test_lr_at") else ""))
+        losses = log["losses"]
+        if len(losses) != len(want["losses"]) or any(abs(a - b) > 1e-4 for a, b in zip(losses, want["losses"])):
+            fail(f"{label} recorded the losses {show([round(v, 4) for v in losses] if isinstance(losses, list) else losses)}, "
+                 f"expected {show([round(v, 4) for v in want['losses']])}",
+                 because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, "
+                 "model.config.block_size, generator), then train_step")
