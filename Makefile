@@ -71,7 +71,8 @@ bench: $(STAMP)
 bench-grading: $(STAMP)
 	$(BIN)/python benchmarks/grade_class.py
 
-# Retrain the small model the course ships (20 minutes of 2 CPU cores): see training/README.md.
+# Retrain the small model the course ships with chapter 8's code (about 2 hours of 2 CPU cores; after a stop,
+# .venv/bin/python training/train_shipped_model.py --resume goes on): see training/README.md.
 model: $(STAMP)
 	$(BIN)/python training/train_shipped_model.py
 
