@@ -230,6 +230,8 @@ def test_tampering_reaches_nothing_outside_the_sandbox(batch):
     text = outputs(batch, "tamper")
     line = next(line for line in text.splitlines() if line.startswith("PROBE tamper:"))
     assert "wrote []" in line, line
+    # the shipped model is in the sandbox's view (the demos load it), and stays unwritten
+    assert "PROBE tamper-model: found 1" in text, text[-2000:]
     assert result(batch, "tamper").score == 13
 
 

@@ -290,7 +290,9 @@ def bpe_merge(piece, ranks):
 TAMPER_FILES = EVERYWHERE + r'''
 written = []
 for pattern in ("*/autograder/*.py", "*/autograder/*/*.py", "*.ipynb", "*/results/*/*.json", "*/gradebook.db",
-                "*/src/minigpt/*.py", "*/src/coursekit/*.py"):
+                "*/src/minigpt/*.py", "*/src/coursekit/*.py",
+                # the shipped model every demo and some oracles load, the script and the checkpoint that retrain it
+                "*/src/coursekit/data/models/*/*", "*/training/*.py", "*/training/run/*"):
     for path in everywhere(pattern):
         try:
             with open(path, "a") as f:
@@ -304,6 +306,7 @@ for pattern in ("*/autograder/*.py", "*/autograder/*/*.py", "*.ipynb", "*/result
         except OSError:
             pass
 print("PROBE tamper: wrote", written)
+print("PROBE tamper-model: found", len(everywhere("*/src/coursekit/data/models/*/model.safetensors")))
 '''
 SIGNALS = r'''
 import os, signal
