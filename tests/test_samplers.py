@@ -17,7 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import (GPT2LMHeadModel, MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
+from transformers import (GPT2LMHeadModel, LogitsProcessorList, MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
                           RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 
@@ -33,6 +33,7 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 NEWLINE = 198  # GPT-2's "\n": as a second end-of-text id it makes beams end at the end of a line
 END = 50256
+NEG = float("-inf")
 EXAMPLES = settings(max_examples=150, deadline=None, derandomize=True, database=None)
 
 
@@ -97,6 +98,88 @@ def test_filters_take_one_row_as_well_as_a_batch():
     assert same(top_k_filter(z, 5), TopKLogitsWarper(5)(None, z[None].clone())[0])
     assert same(top_p_filter(z, 0.7), TopPLogitsWarper(0.7)(None, z[None].clone())[0])
     assert same(min_p_filter(z, 0.1), MinPLogitsWarper(0.1)(None, z[None].clone())[0])
+
+
+# Hugging Face's two extra arguments of the cuts (issue 17): min_tokens_to_keep and filter_value.
+CUTS = {"top_k_filter": (top_k_filter, TopKLogitsWarper), "top_p_filter": (top_p_filter, TopPLogitsWarper),
+        "min_p_filter": (min_p_filter, MinPLogitsWarper)}
+SETTING = {"top_k_filter": st.integers(1, 60), "top_p_filter": st.floats(0.01, 0.99), "min_p_filter": st.floats(0.0, 1.0)}
+
+
+def equal_but_ties_with_the_last_kept(got, want, z, min_tokens_to_keep) -> bool:
+    """got equals want, except where a token ties with the ``min_tokens_to_keep``-th highest logit of its row: the
+    reference keeps every such token (at its logit), where Hugging Face keeps the ones its sort happens to put first.
+    Where no token ties with it, got must equal want exactly."""
+    last_kept = torch.topk(z, min(min_tokens_to_keep, z.shape[-1]), dim=-1).values[..., -1:]
+    tied = z == last_kept
+    if not (tied.sum(-1) > 1).any():
+        return torch.equal(got, want)
+    return bool(((got == want) | (tied & (got == z))).all())
+
+
+@EXAMPLES
+@pytest.mark.parametrize("name", sorted(CUTS))
+@given(data=st.data(), min_tokens_to_keep=st.integers(1, 60),
+       filter_value=st.sampled_from([float("-inf"), -1e4, -5.0, 0.0]), seed=st.integers(0, 10**6),
+       removed=st.sampled_from([0.0, 0.3, 0.9]), step=st.sampled_from([0.0, 1.0]))
+def test_cut_options_equal_hf(name, data, min_tokens_to_keep, filter_value, seed, removed, step):
+    """top_k_filter, top_p_filter and min_p_filter with min_tokens_to_keep and filter_value against the warper of the
+    same name, on logits with ties and with tokens already at -inf (which a cut may remove: they get filter_value)."""
+    cut, warper = CUTS[name]
+    setting = data.draw(SETTING[name])
+    z = random_logits(seed, removed=removed, step=step)
+    got = cut(z, setting, min_tokens_to_keep=min_tokens_to_keep, filter_value=filter_value)
+    want = warper(setting, filter_value=filter_value, min_tokens_to_keep=min_tokens_to_keep)(None, z.clone())
+    assert equal_but_ties_with_the_last_kept(got, want, z, min_tokens_to_keep)
+
+
+def test_cut_options_keep_at_least_that_many_tokens_and_write_the_filter_value():
+    z = torch.tensor([[3.0, 1.0, 0.5, 0.0, -1.0]])  # probabilities 0.78, 0.11, 0.06, 0.04, 0.01
+    assert torch.equal(top_p_filter(z, 0.5, min_tokens_to_keep=3, filter_value=-1e4),
+                       torch.tensor([[3.0, 1.0, 0.5, -1e4, -1e4]]))
+    assert torch.equal(min_p_filter(z, 0.5, min_tokens_to_keep=2), torch.tensor([[3.0, 1.0, NEG, NEG, NEG]]))
+    assert torch.equal(top_k_filter(z, 1, min_tokens_to_keep=4, filter_value=0.5), torch.tensor([[3, 1, 0.5, 0, 0.5]]))
+    assert torch.equal(top_k_filter(z, 2, min_tokens_to_keep=9), z)  # more than the vocabulary: all of it
+
+
+def test_cut_options_take_one_row_keep_float64_and_leave_the_logits_alone():
+    z = random_logits(11, rows=2, vocab=30, removed=0.2).double()
+    before = z.clone()
+    for name, (cut, warper) in CUTS.items():
+        setting = {"top_k_filter": 4, "top_p_filter": 0.6, "min_p_filter": 0.3}[name]
+        want = warper(setting, filter_value=-50.0, min_tokens_to_keep=6)(None, z.clone())
+        got = cut(z, setting, min_tokens_to_keep=6, filter_value=-50.0)
+        assert got.dtype == torch.float64 and torch.equal(got, want), name
+        assert torch.equal(cut(z[0], setting, min_tokens_to_keep=6, filter_value=-50.0), want[0]), name
+        assert torch.equal(z, before), name
+
+
+@pytest.mark.parametrize("name", sorted(CUTS))
+@pytest.mark.parametrize("options, message", [
+    (dict(min_tokens_to_keep=0), "min_tokens_to_keep must be a positive integer, got 0"),
+    (dict(min_tokens_to_keep=-2), "min_tokens_to_keep must be a positive integer, got -2"),
+    (dict(min_tokens_to_keep=2.5), "min_tokens_to_keep must be a positive integer, got 2.5"),
+    (dict(filter_value=float("nan")), "filter_value must be a number"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_cut_options_out_of_range_raise_naming_them(name, options, message):
+    cut, _ = CUTS[name]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cut(random_logits(1), 0.5 if name != "top_k_filter" else 3, **options)
+
+
+@EXAMPLES
+@given(seed=st.integers(0, 10**6), min_tokens_to_keep=st.integers(1, 12), filter_value=st.sampled_from([-1e4, -5.0]),
+       removed=st.sampled_from([0.0, 0.3]))
+def test_sampler_with_cut_options_equals_hf_processors(seed, min_tokens_to_keep, filter_value, removed):
+    """Sampler.process: temperature, top-k, top-p and min-p with both extras, as Hugging Face's warpers in that order."""
+    z = random_logits(seed, removed=removed)
+    options = dict(filter_value=filter_value, min_tokens_to_keep=min_tokens_to_keep)
+    sampler = Sampler(do_sample=True, temperature=0.8, top_k=6, top_p=0.7, min_p=0.05, **options)
+    hf = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(6, **options),
+                              TopPLogitsWarper(0.7, **options), MinPLogitsWarper(0.05, **options)])
+    want = hf(None, z.clone())
+    assert equal_but_ties_with_the_last_kept(sampler.process(z, torch.zeros(3, 0, dtype=torch.long)), want,
+                                             apply_temperature(z, 0.8), min_tokens_to_keep)
 
 
 @EXAMPLES
@@ -291,6 +374,20 @@ def test_seeded_sampling_equals_hf_generate_on_a_random_gpt(model_name, kw):
         assert got == hf_sample(hf, prompt, 16, seed, **kw)
 
 
+@pytest.mark.parametrize("model_name", sorted(checks.BEAM_MODELS))
+def test_seeded_sampling_with_cut_options_equals_hf_generate(model_name):
+    """min_tokens_to_keep and filter_value through chapter 5's loop: Hugging Face's generate takes them only as
+    warpers of its own making, so the same warpers go in as its logits_processor."""
+    model, hf = checks._beam_models(model_name)
+    prompt = [3, 14, 15, 9]
+    options = dict(filter_value=-1e4, min_tokens_to_keep=8)
+    for seed in (0, 1):
+        choose = Sampler(do_sample=True, seed=seed, top_k=5, top_p=0.3, **options)
+        processors = LogitsProcessorList([TopKLogitsWarper(5, **options), TopPLogitsWarper(0.3, **options)])
+        assert list(token_stream(model, prompt, 16, choose=choose)) == hf_sample(hf, prompt, 16, seed,
+                                                                                   logits_processor=processors)
+
+
 def test_temperature_zero_with_sampling_is_exactly_greedy():
     model, hf = checks._beam_models("a")
     prompt = [3, 14, 15, 9]
@@ -396,7 +493,9 @@ def test_temperature_zero_is_greedy_on_the_shipped_model(shipped):
 @pytest.mark.parametrize("name,value", [("temperature", -0.5), ("temperature", float("nan")), ("top_p", 0.0),
                                         ("top_p", 1.5), ("top_p", -0.1), ("top_k", -1), ("top_k", 2.5),
                                         ("min_p", 1.5), ("repetition_penalty", 0.0),
-                                        ("repetition_penalty", -1.0), ("no_repeat_ngram_size", -2)])
+                                        ("repetition_penalty", -1.0), ("no_repeat_ngram_size", -2),
+                                        ("min_tokens_to_keep", 0), ("min_tokens_to_keep", 1.5),
+                                        ("filter_value", float("nan"))])
 def test_bad_setting_raises_value_error_naming_it(name, value):
     with pytest.raises(ValueError, match=rf"{name}.*{re_value(value)}"):
         Sampler(do_sample=True, **{name: value})

@@ -1,5 +1,8 @@
 """The reference tokenizer (minigpt.tokens) against tiktoken, the external oracle for chapter 1."""
+import re
+
 import pytest
+import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -177,3 +180,88 @@ def test_the_probe_of_shared_caches_occurs_in_no_other_check():
     probe = set(regex.findall(enc._pat_str, checks.PROBE))
     others = checks._texts() + [checks._corpus_sample()] + checks.random_texts(300)
     assert not probe & {p for text in others for p in regex.findall(enc._pat_str, text)}
+
+
+# ---------------------------------------------------------------- tiktoken's disallowed_special and surrogates (issue 17)
+
+FIM = "<|fim|>"
+SPECIALS = {END: 50256, FIM: 50257}
+DISALLOWED_MESSAGE = r"disallowed special token '(.*?)'"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A tokenizer with two special tokens, and tiktoken with the same table and the same special tokens."""
+    enc = coursekit.gpt2_encoding()
+    theirs = tiktoken.Encoding(name="gpt2-fim", pat_str=enc._pat_str, mergeable_ranks=enc._mergeable_ranks,
+                               special_tokens=SPECIALS)
+    return Tokenizer(load_gpt2_ranks(), SPECIALS), theirs
+
+
+def _outcome(encode, *args, **kwargs):
+    """The ids ``encode`` gives, or ("ValueError", the special token its message names)."""
+    try:
+        return encode(*args, **kwargs)
+    except ValueError as err:
+        named = re.search(DISALLOWED_MESSAGE, str(err)) or re.search(r"special token '(.*?)'", str(err))
+        return "ValueError", named and named.group(1)
+
+
+SETTINGS = [(allowed, disallowed) for allowed in (set(), {END}, {FIM}, "all")
+            for disallowed in ("all", (), {END}, frozenset({FIM}), [END, FIM])]
+SPECIAL_TEXT = st.lists(st.sampled_from(["a", " b", "!", "\n", " ", END, FIM, "<|", "|>", "<|endoftext", "語"]),
+                        max_size=10).map("".join)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(SPECIAL_TEXT)
+def test_allowed_and_disallowed_special_equal_tiktoken(pair, text):
+    """Every combination of allowed_special and disallowed_special: the same ids as tiktoken, or a ValueError where
+    tiktoken raises one, naming the special token that tiktoken's names (the first in the text)."""
+    tok, theirs = pair
+    for allowed, disallowed in SETTINGS:
+        want = _outcome(theirs.encode, text, allowed_special=allowed, disallowed_special=disallowed)
+        got = _outcome(tok.encode, text, allowed_special=allowed, disallowed_special=disallowed)
+        assert got == want, (text, allowed, disallowed)
+
+
+def test_disallowed_special_message_says_how_to_allow_it(tok):
+    with pytest.raises(ValueError, match=r"disallowed special token '<\|endoftext\|>'.*allowed_special=.*"
+                                         r"disallowed_special=\(\)"):
+        tok.encode(f"a {END} b", allowed_special="all", disallowed_special={END})  # disallowed wins, as in tiktoken
+    with pytest.raises(ValueError, match=r"'<\|endoftext\|>'.*allowed_special=.*disallowed_special=\(\)"):
+        tok.encode(f"a {END} b")  # the default: every special token not allowed
+    with pytest.raises(ValueError, match=r'"all" or a collection of special tokens, got the string'):
+        tok.encode("a", disallowed_special=END)  # tiktoken would take it as the set of its characters
+
+
+def test_disallowed_special_keeps_the_tokenizers_cache_and_special_tokens(tok, enc):
+    text = f"one{END}two"
+    assert tok.encode(text, disallowed_special=()) == enc.encode(text, disallowed_special=()) == enc.encode_ordinary(text)
+    assert tok.special_tokens == {END: 50256}, "the tokenizer's own special tokens must stay as they were"
+    assert tok.encode(text, allowed_special="all") == [505, 50256, 11545]
+
+
+# Any code point, surrogates (category Cs) included; and strings made of emoji cut into their UTF-16 halves.
+SURROGATE_TEXT = st.text(st.characters(), max_size=40) | st.lists(
+    st.sampled_from(["\ud83d", "\udc4b", "\ud83d\udc4b", "\udfff", "\ud800", "a", " ", "é", "👋", END, "'s", "\n"]),
+    max_size=12).map("".join)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(SURROGATE_TEXT)
+def test_surrogates_encode_as_tiktoken_does(text):
+    """tiktoken joins a pair of surrogates into its character and encodes a lone one as U+FFFD, where
+    str.encode("utf-8") raises UnicodeEncodeError; encode_ordinary and encode do the same as it."""
+    tok, enc = _cached()
+    assert tok.encode_ordinary(text) == enc.encode_ordinary(text)
+    assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all")
+    assert tok.encode(text, disallowed_special=()) == enc.encode(text, disallowed_special=())
+
+
+def test_surrogates_examples(tok, enc):
+    assert tok.encode("\ud83d\udc4b") == tok.encode("👋") == enc.encode("\ud83d\udc4b")  # a pair: its character
+    assert tok.encode("a\ud83db") == tok.encode("a\ufffdb") == enc.encode("a\ud83db")  # a lone half: U+FFFD
+    with pytest.raises(UnicodeEncodeError):
+        "a\ud83db".encode("utf-8")  # what the tokenizer would meet without the given line

@@ -19,8 +19,11 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
 
-def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+def top_k_filter(logits: torch.Tensor, k: int, *, min_tokens_to_keep: int = 1,
+                 filter_value: float = NEG_INF) -> torch.Tensor:
     """Keep the k highest logits (and any tied with the k-th) of each row; -inf elsewhere. k=0: keep all."""
+    if min_tokens_to_keep != 1 or filter_value != NEG_INF:  # given: Hugging Face's extras ("Putting them together")
+        return hf_cut(top_k_filter, logits, k, min_tokens_to_keep, filter_value)
     if not k >= 0:
         raise ValueError(f"k must be an integer >= 0, got {k!r}")
     if k == 0 or k >= logits.shape[-1]:
@@ -29,8 +32,11 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+def top_p_filter(logits: torch.Tensor, p: float, *, min_tokens_to_keep: int = 1,
+                 filter_value: float = NEG_INF) -> torch.Tensor:
     """Keep the smallest most-likely set of each row whose probability reaches p (the crossing token too)."""
+    if min_tokens_to_keep != 1 or filter_value != NEG_INF:  # given: Hugging Face's extras ("Putting them together")
+        return hf_cut(top_p_filter, logits, p, min_tokens_to_keep, filter_value)
     if not 0 < p <= 1:
         raise ValueError(f"p must be in (0, 1], got {p!r}")
     if p == 1:
@@ -43,8 +49,11 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(remove, NEG_INF)
 
 
-def min_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+def min_p_filter(logits: torch.Tensor, p: float, *, min_tokens_to_keep: int = 1,
+                 filter_value: float = NEG_INF) -> torch.Tensor:
     """Keep tokens whose probability is at least p times the top token's; -inf elsewhere."""
+    if min_tokens_to_keep != 1 or filter_value != NEG_INF:  # given: Hugging Face's extras ("Putting them together")
+        return hf_cut(min_p_filter, logits, p, min_tokens_to_keep, filter_value)
     if not 0 <= p <= 1:
         raise ValueError(f"p must be in [0, 1], got {p!r}")
     probs = logits.softmax(dim=-1)
@@ -86,13 +95,33 @@ def sample_from_logits(logits: torch.Tensor, generator: torch.Generator | None =
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
+def check_hf_cut_options(min_tokens_to_keep: int, filter_value: float) -> None:
+    """Raise ValueError for a ``min_tokens_to_keep`` or ``filter_value`` that no cut can use."""
+    if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
+        raise ValueError(f"min_tokens_to_keep must be a positive integer, got {min_tokens_to_keep!r}")
+    if isinstance(filter_value, bool) or not isinstance(filter_value, (int, float)) or math.isnan(filter_value):
+        raise ValueError(f"filter_value must be a number (-inf by default), got {filter_value!r}")
+
+
+def hf_cut(cut, logits: torch.Tensor, setting: float, min_tokens_to_keep: int, filter_value: float) -> torch.Tensor:
+    """``cut(logits, setting)`` with Hugging Face's extras: the ``min_tokens_to_keep`` highest logits of each row stay
+    (and any tied with the last of them), and the tokens the cut removes get ``filter_value`` instead of -inf."""
+    check_hf_cut_options(min_tokens_to_keep, filter_value)
+    # -inf given to the cut as the lowest finite number: every -inf the cut returns is then a token it removed.
+    removed = torch.isneginf(cut(logits.clamp(min=torch.finfo(logits.dtype).min), setting))
+    kept = min(min_tokens_to_keep, logits.shape[-1])
+    last_kept = torch.topk(logits, kept, dim=-1).values[..., -1:]
+    return logits.masked_fill(removed & (logits < last_kept), filter_value)
+
+
 class Sampler:
     """Chapter 5's ``choose``: filters the logits in Hugging Face's order, then picks greedily or samples."""
 
     def __init__(self, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, repetition_penalty: float = 1.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, no_repeat_ngram_size: int = 0,
-                 seed: int | None = None, generator: torch.Generator | None = None, prompt_len: int = 0):
+                 seed: int | None = None, generator: torch.Generator | None = None, prompt_len: int = 0,
+                 min_tokens_to_keep: int = 1, filter_value: float = NEG_INF):
         checks = [
             (temperature is None or temperature < 0 or math.isnan(temperature), "temperature", "must be >= 0"),
             (top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0),
@@ -108,6 +137,7 @@ class Sampler:
         for bad, name, rule in checks:
             if bad:
                 raise ValueError(f"{name} {rule}, got {values[name]!r}")
+        check_hf_cut_options(min_tokens_to_keep, filter_value)
         if seed is not None and generator is not None:
             raise ValueError("give a seed or a generator, not both")
         self.do_sample = do_sample and temperature != 0  # temperature 0 is greedy, exactly
@@ -115,6 +145,10 @@ class Sampler:
         self.repetition_penalty, self.no_repeat_ngram_size = repetition_penalty, no_repeat_ngram_size
         self.presence_penalty, self.frequency_penalty, self.prompt_len = presence_penalty, frequency_penalty, prompt_len
         self.generator = generator if seed is None else torch.Generator().manual_seed(seed)
+        # Hugging Face's extras go to the cuts only when set: a cut written without them still plugs in.
+        self.cut_options = {}
+        if (min_tokens_to_keep, filter_value) != (1, NEG_INF):
+            self.cut_options = dict(min_tokens_to_keep=min_tokens_to_keep, filter_value=filter_value)
 
     def process(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """All the filters, in order, on logits (B, V) given ids (B, T)."""
@@ -131,11 +165,11 @@ class Sampler:
             if self.temperature != 1.0:
                 logits = apply_temperature(logits, self.temperature)
             if self.top_k:
-                logits = top_k_filter(logits, self.top_k)
+                logits = top_k_filter(logits, self.top_k, **self.cut_options)
             if self.top_p is not None and self.top_p < 1.0:
-                logits = top_p_filter(logits, self.top_p)
+                logits = top_p_filter(logits, self.top_p, **self.cut_options)
             if self.min_p:
-                logits = min_p_filter(logits, self.min_p)
+                logits = min_p_filter(logits, self.min_p, **self.cut_options)
         return logits
 
     def __call__(self, logits: torch.Tensor, ids: list[int]) -> int:

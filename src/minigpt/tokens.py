@@ -2,7 +2,9 @@
 """GPT-2's byte-level BPE tokenizer (chapter 1, tokens): text -> bytes -> pieces -> token ids, and back."""
 from __future__ import annotations
 
+import copy
 from collections import Counter
+from collections.abc import Collection
 
 import regex  # like `re`, but it knows Unicode classes such as \p{L} (any letter)
 
@@ -85,6 +87,7 @@ class Tokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Token ids of ``text``, with special-token strings encoded as ordinary text."""
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # given: surrogates as tiktoken's
         ids = []
         for piece in pre_split(text):
             piece_ids = self._piece_ids.get(piece)
@@ -95,21 +98,26 @@ class Tokenizer:
             ids.extend(piece_ids)
         return ids
 
-    def encode(self, text: str, allowed_special: set[str] | str = frozenset()) -> list[int]:
+    def encode(self, text: str, allowed_special: set[str] | str = frozenset(),
+               disallowed_special: Collection[str] | str = "all") -> list[int]:
         """Token ids of ``text``; the special tokens in ``allowed_special`` (or ``"all"``) become their ids.
 
-        Raises ValueError if ``text`` contains a special token that is not allowed.
+        Raises ValueError if ``text`` contains a special token that is not allowed. ``disallowed_special``, as in
+        tiktoken, names the special tokens that raise (``"all"``: every one not allowed); the others are plain text.
         """
+        if disallowed_special != "all":  # given: tiktoken's finer rule (Step 6)
+            return encode_disallowing(self, text, allowed_special, disallowed_special)
         allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
         unknown = allowed - set(self.special_tokens)
         if unknown:
             raise ValueError(f"allowed_special names unknown special tokens: {sorted(unknown)}")
-        for token in self.special_tokens:
-            if token not in allowed and token in text:
-                raise ValueError(
-                    f"text contains the special token {token!r}, which is not allowed: pass "
-                    f"allowed_special={{{token!r}}} to encode it as one token, or use encode_ordinary "
-                    "to encode it as plain text")
+        disallowed = [token for token in self.special_tokens if token not in allowed and token in text]
+        if disallowed:
+            token = min(disallowed, key=text.find)  # the first in the text, as tiktoken names it
+            raise ValueError(
+                f"text contains the special token {token!r}, which is not allowed: pass allowed_special="
+                f"{{{token!r}}} to encode it as one token, or disallowed_special=() (or encode_ordinary) to encode "
+                "it as plain text")
         if not allowed:
             return self.encode_ordinary(text)
         # Longest first, so that a special token that contains another one wins.
@@ -139,6 +147,28 @@ class Tokenizer:
 def gpt2_tokenizer() -> Tokenizer:
     """GPT-2's tokenizer, built from the shipped merge table: the same ids as tiktoken's "gpt2"."""
     return Tokenizer(load_gpt2_ranks(), GPT2_SPECIAL_TOKENS)
+
+
+def encode_disallowing(tokenizer: Tokenizer, text: str, allowed_special: set[str] | str,
+                       disallowed_special: Collection[str]) -> list[int]:
+    """``tokenizer.encode(text, allowed_special, disallowed_special)`` for a ``disallowed_special`` other than "all",
+    as in tiktoken: a special token it names raises ValueError if the text holds it; the others not allowed are text."""
+    if isinstance(disallowed_special, str):  # a string is a collection of its characters: surely not what was meant
+        raise ValueError(f'disallowed_special must be "all" or a collection of special tokens, '
+                         f'got the string {disallowed_special!r}')
+    found = [(text.find(token), -len(token), token) for token in set(disallowed_special) if token in text]
+    if found:
+        token = min(found)[2]  # the first in the text, as tiktoken reports it
+        raise ValueError(
+            f"text contains the disallowed special token {token!r}: pass allowed_special={{{token!r}, ...}} to "
+            "encode it as one token, or leave it out of disallowed_special to encode it as plain text "
+            "(disallowed_special=() turns the check off for every special token)")
+    allowed = set(tokenizer.special_tokens) if allowed_special == "all" else set(allowed_special)
+    # A copy shares the tables and the cache of pieces; its special tokens are the allowed ones only, so to the
+    # tokenizer's encode the others are plain text.
+    narrowed = copy.copy(tokenizer)
+    narrowed.special_tokens = {token: i for token, i in tokenizer.special_tokens.items() if token in allowed}
+    return narrowed.encode(text, allowed_special)
 
 
 def train_bpe(text: str, vocab_size: int) -> dict[bytes, int]:

@@ -39,6 +39,38 @@ def _pattern(new: str) -> Edit:
 
 # Tokenizer method bodies, as they stand in the reference (with the solution markers removed).
 ENCODE_CHECKS_DISALLOWED = """\
+        disallowed = [token for token in self.special_tokens if token not in allowed and token in text]
+        if disallowed:
+            token = min(disallowed, key=text.find)  # the first in the text, as tiktoken names it
+            raise ValueError(
+                f"text contains the special token {token!r}, which is not allowed: pass allowed_special="
+                f"{{{token!r}}} to encode it as one token, or disallowed_special=() (or encode_ordinary) to encode "
+                "it as plain text")
+"""
+# The Tokenizer's given lines since issue 17 (tiktoken's disallowed_special and surrogates), and its encode as the
+# notebook had it before: a learner's answer written to that contract must keep full marks (variant "before-17").
+GIVEN_SURROGATES = """\
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # given: surrogates as tiktoken's
+"""
+ENCODE_HEAD = '''\
+    def encode(self, text: str, allowed_special: set[str] | str = frozenset(),
+               disallowed_special: Collection[str] | str = "all") -> list[int]:
+        """Token ids of ``text``; the special tokens in ``allowed_special`` (or ``"all"``) become their ids.
+
+        Raises ValueError if ``text`` contains a special token that is not allowed. ``disallowed_special``, as in
+        tiktoken, names the special tokens that raise (``"all"``: every one not allowed); the others are plain text.
+        """
+        if disallowed_special != "all":  # given: tiktoken's finer rule (Step 6)
+            return encode_disallowing(self, text, allowed_special, disallowed_special)
+'''
+BEFORE_17_ENCODE_HEAD = '''\
+    def encode(self, text: str, allowed_special: set[str] | str = frozenset()) -> list[int]:
+        """Token ids of ``text``; the special tokens in ``allowed_special`` (or ``"all"``) become their ids.
+
+        Raises ValueError if ``text`` contains a special token that is not allowed.
+        """
+'''
+BEFORE_17_CHECKS_DISALLOWED = """\
         for token in self.special_tokens:
             if token not in allowed and token in text:
                 raise ValueError(
@@ -235,9 +267,8 @@ def _merge_parts(parts: list[bytes], ranks: dict[bytes, int]) -> list[bytes]:
     Mutant(
         "encode-fixed-special-list",
         "encode checks a fixed list of special tokens (GPT-2's) instead of the tokenizer's own",
-        (Edit("tokenizer", "        for token in self.special_tokens:\n            if token not in allowed",
-              '        for token in ["<|endoftext|>"]:  # the special token GPT-2 has\n'
-              '            if token not in allowed'),),
+        (Edit("tokenizer", "disallowed = [token for token in self.special_tokens if",
+              'disallowed = [token for token in ["<|endoftext|>"] if'),),
         # tok2's <|fim|> must raise when it is not allowed: the fixed list lets it through.
         {"test_special_tokens": "not a fixed list"},
     ),
@@ -563,6 +594,14 @@ VARIANTS = [
                Edit("tokenizer", ENCODE_ORDINARY_BODY, LRU_ENCODE_ORDINARY),
                Edit("tokenizer", ENCODE_SPLIT, FINDITER_SPLIT),
                Edit("tokenizer", DECODE_BYTES_BODY, LIST_DECODE_BYTES)),
+    ),
+    Variant(
+        "before-17",
+        "the Tokenizer written to the notebook of before issue 17: encode(text, allowed_special) with no given lines "
+        "(no disallowed_special, no handling of surrogates), raising for the first special token of its own list",
+        edits=(Edit("tokenizer", GIVEN_SURROGATES, ""),
+               Edit("tokenizer", ENCODE_HEAD, BEFORE_17_ENCODE_HEAD),
+               Edit("tokenizer", ENCODE_CHECKS_DISALLOWED, BEFORE_17_CHECKS_DISALLOWED)),
     ),
     Variant(
         "regex-split-pairs-dict",

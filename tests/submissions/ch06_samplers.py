@@ -6,6 +6,10 @@ no-repeat n-grams), `sample`, `beam_search`. Test cells: test_temperature, test_
 test_sample, test_beam_search. Each test cell calls only the functions of its own solution cell, so a
 mistake costs points in exactly one cell.
 
+The variants that replace the `filters` cell whole are written as the notebook had it before issue 17, without the
+given lines that pass Hugging Face's `min_tokens_to_keep` and `filter_value` to `hf_cut`: such answers keep full
+marks.
+
 `NBGRADER_MUTANTS` are the mutants graded through real nbgrader (one run, a few minutes at most); every
 mutant, those included, is also graded in-process by the fast tests, with the test cells run as nbgrader
 runs them.
