@@ -16,7 +16,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # A MPLBACKEND inherited from the shell would replace the notebooks' inline backend: no plots in the book.
 unexport MPLBACKEND
 
-.PHONY: course test test-fast env notebooks bench bench-grading model clean system-packages student-release
+.PHONY: course test lab test-fast env notebooks bench bench-grading model clean system-packages student-release
 
 course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
@@ -25,6 +25,10 @@ course: $(STAMP)
 test: $(STAMP) system-packages
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
+# JupyterLab on the learner notebooks. Jupyter refuses to run as root unless told to: as root (a container), it is.
+lab: $(STAMP)
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
+
 # Everything but the minutes-long tests (real nbgrader runs, the book build, the browser).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
@@ -32,14 +36,24 @@ test-fast: $(STAMP)
 env: $(STAMP)
 
 # Rebuilt when the project's requirements change. constraints.txt pins every package to the versions
-# the course was tested with; torch is the CPU wheel (see pyproject.toml).
+# the course was tested with. torch comes first, alone, from PyTorch's CPU index: constraints.txt asks for its
+# CPU build (2.13.0+cpu, about 190 MB with its dependencies) on Linux x86-64, where PyPI's torch is a CUDA build
+# of several GB. Where that index cannot be reached pip retries for about 8 s and takes a copy it has locally, or
+# stops with an error: it never falls back to the CUDA build. Only torch asks that index (pip would retry it for
+# every package).
+TORCH_INDEX := https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml constraints.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --extra-index-url $(TORCH_INDEX) -c constraints.txt torch
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m pip check
 	touch $(STAMP)
+
+# Binder's environment: every pin of constraints.txt, for pip (tests/test_environment.py resolves it).
+environment.yml: constraints.txt tools/binder_environment.py | $(STAMP)
+	$(BIN)/python tools/binder_environment.py
 
 # Debian packages the tests need: Chromium (the browser tests drive it headless) and bubblewrap (minigpt-grade's
 # sandbox). Installed with apt-get when this runs as root; otherwise the command to run is printed.
@@ -71,7 +85,7 @@ bench: $(STAMP)
 bench-grading: $(STAMP)
 	$(BIN)/python benchmarks/grade_class.py
 
-# Retrain the small model the course ships with chapter 8's code (about 2 hours of 2 CPU cores; after a stop,
+# Retrain the small model the course ships with chapter 8's code (about 1.5 hours of 2 CPU cores; after a stop,
 # .venv/bin/python training/train_shipped_model.py --resume goes on): see training/README.md.
 model: $(STAMP)
 	$(BIN)/python training/train_shipped_model.py

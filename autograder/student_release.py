@@ -46,6 +46,14 @@ WEBSITE = "docs"  # GitHub Pages serves a branch's docs/ folder as it is
 # Not for learners: the website's build (the release ships it built, without its sources) and minigpt-grade's
 # process control (the release has no autograder).
 NOT_FOR_LEARNERS = {"jupyter-book", "jupytext", "psutil"}
+# nbgrader's instructor tools (create assignment, formgrader, course list) hidden from the learners' JupyterLab; the
+# assignment list (fetch, submit) and the Validate button stay. Run in the environment's prefix, on Binder and locally.
+LEARNER_LAB = ("jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:formgrader "
+               "@jupyter/nbgrader:create-assignment @jupyter/nbgrader:course-list\n"
+               "jupyter labextension lock --level=sys_prefix @jupyter/nbgrader:formgrader "
+               "@jupyter/nbgrader:create-assignment @jupyter/nbgrader:course-list\n"
+               "jupyter server extension disable --sys-prefix nbgrader.server_extensions.formgrader "
+               "nbgrader.server_extensions.course_list")
 COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.pyc")
 
 # What the scan looks for.
@@ -140,7 +148,7 @@ dependencies = [
 {script_lines}
 [tool.setuptools]
 package-dir = {{ "minigpt" = "src/minigpt", "coursekit" = "src/coursekit" }}
-packages = ["minigpt", "coursekit"]
+packages = ["minigpt", "coursekit", "coursekit.data.models", "coursekit.data.shakespeare", "coursekit.data.tiktoken"]
 
 [tool.setuptools.package-data]
 coursekit = ["data/**/*"]
@@ -156,7 +164,15 @@ def write_environment(course_root: Path, out: Path) -> None:
         "# The environment Binder (repo2docker) builds for this repository; postBuild then installs the\n"
         "# course's packages (pyproject.toml), whose dependencies are these.\n" + "\n".join(body) + "\n",
         encoding="utf-8")
-    shutil.copy2(course_root / "postBuild", out / "postBuild")
+    (out / "postBuild").write_text(f"""\
+#!/usr/bin/env bash
+# Binder runs this after building environment.yml: install the course's packages without touching the pinned
+# dependencies above, and keep only the learner's side of nbgrader in JupyterLab.
+set -euo pipefail
+python -m pip install --no-deps -e .
+{LEARNER_LAB}
+""", encoding="utf-8")
+    (out / "postBuild").chmod(0o755)
     shutil.copy2(course_root / "constraints.txt", out / "constraints.txt")
 
 
@@ -169,15 +185,20 @@ PYTHON ?= python3
 
 env: .venv/.installed
 
+# torch first, alone, from PyTorch's CPU index: constraints.txt asks for its CPU build on Linux x86-64 (192 MB),
+# where PyPI's torch is a CUDA build of several GB.
 .venv/.installed: pyproject.toml constraints.txt
 \trm -rf .venv
 \t$(PYTHON) -m venv .venv
 \t.venv/bin/python -m pip install --quiet --upgrade pip
+\t.venv/bin/python -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt torch
 \t.venv/bin/python -m pip install --quiet -c constraints.txt -e .
+\t""" + LEARNER_LAB.replace("jupyter ", ".venv/bin/jupyter ").replace("\n", " >/dev/null 2>&1\n\t") + """ >/dev/null 2>&1
 \ttouch $@
 
+# Jupyter refuses to run as root unless told to: as root (a container), it is told to.
 lab: env
-\t.venv/bin/jupyter lab notebooks/
+\t.venv/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 # Your notebooks' `#| export` cells -> your package src/minigpt, which the next chapters import.
 package: env

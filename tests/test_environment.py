@@ -1,13 +1,23 @@
-"""Binder's environment.yml, pyproject.toml and constraints.txt ask for the same packages and versions."""
+"""The course's environments install what the tests ran with: pyproject.toml says which packages, constraints.txt
+which versions, the Makefile installs torch's CPU build, and Binder's environment.yml is every pin, for pip."""
+import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import binder_environment  # noqa: E402
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+CUDA = re.compile(r"^(nvidia-|cuda-|triton$)")
 
 
 def _pyproject_requirements() -> dict[str, SpecifierSet]:
@@ -15,45 +25,77 @@ def _pyproject_requirements() -> dict[str, SpecifierSet]:
     return {Requirement(d).name.lower(): Requirement(d).specifier for d in deps}
 
 
-def _environment_requirements() -> dict[str, SpecifierSet]:
+def _constraints(environment: dict) -> dict[str, str]:
+    """name -> pinned version, for the lines of constraints.txt that apply on ``environment``."""
+    pins = {}
+    for line in binder_environment.pins(environment=environment):
+        req = Requirement(line)
+        (spec,) = req.specifier
+        assert spec.operator == "==", f"constraints.txt pins exactly, not {line}"
+        pins[req.name.lower().replace("_", "-")] = spec.version
+    return pins
+
+
+def _binder_pip() -> list[str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert env["channels"] == ["conda-forge"]
-    found = {}
-    for dep in env["dependencies"]:
-        if isinstance(dep, dict):
-            for line in dep["pip"]:
-                if not line.startswith("-"):
-                    req = Requirement(line)
-                    found[req.name.lower()] = req.specifier
-            continue
-        _, name, spec = re.match(r"([A-Za-z0-9_.-]+)(.*)", dep).group(0, 1, 2)
-        # conda's "=1.2.3" pins like pip's "==1.2.3"
-        spec = re.sub(r"(?<![<>=!])=(?!=)", "==", spec)
-        found[name.lower()] = SpecifierSet(spec)
-    return found
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    assert conda == ["python=3.11", "pip"], f"conda-forge gives Python and pip only, not {conda}"
+    return next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
 
 
-def test_environment_matches_pyproject():
-    env = _environment_requirements()
-    assert env.pop("python") == SpecifierSet("==3.11")
-    env.pop("pip")
-    assert env == _pyproject_requirements()
-
-
-def test_torch_is_the_cpu_build_everywhere():
-    env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert "torch==2.13.0" in pip
-    assert any("download.pytorch.org/whl/cpu" in line for line in pip)
-    assert _pyproject_requirements()["torch"] == SpecifierSet("==2.13.0")
-
-
-def test_constraints_satisfy_pyproject():
-    pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[name.lower().replace("_", "-")] = version
+@pytest.mark.parametrize("platform", [{"sys_platform": "linux", "platform_machine": "x86_64"},
+                                      {"sys_platform": "darwin", "platform_machine": "arm64"}])
+def test_constraints_satisfy_pyproject_on_each_platform(platform):
+    pins = _constraints(platform)
     for name, spec in _pyproject_requirements().items():
         assert name in pins, f"{name} is not pinned in constraints.txt"
         assert spec.contains(pins[name], prereleases=True), f"{name}=={pins[name]} does not satisfy {spec}"
+    linux = platform["sys_platform"] == "linux"
+    assert pins["torch"] == ("2.13.0+cpu" if linux else "2.13.0"), "Linux x86-64 gets torch's CPU build, only it"
+
+
+def test_binder_environment_is_every_pin_of_constraints():
+    assert binder_environment.main(["--check"]) == 0, "environment.yml is out of date: make environment.yml"
+    pip = _binder_pip()
+    assert pip[0] == f"--extra-index-url {CPU_INDEX}"
+    assert {Requirement(line).name.lower().replace("_", "-") for line in pip[1:]} == set(
+        _constraints(binder_environment.BINDER_PLATFORM))
+
+
+def test_makefile_installs_torch_alone_from_the_cpu_index():
+    """`make env` (dry run): torch with the CPU index and the constraints, then the course without that index."""
+    plan = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    installs = [line for line in plan.splitlines() if " -m pip install " in line and "--upgrade pip" not in line]
+    assert installs == [f".venv/bin/python -m pip install --quiet --extra-index-url {CPU_INDEX} -c constraints.txt torch",
+                        '.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"'], installs
+
+
+def _resolve(args: list[str], tmp_path: Path) -> dict[str, str]:
+    """pip's plan for ``pip install args`` into an empty environment: name -> version. ``--retries 0``: where PyTorch's
+    index cannot be reached (as on the course's build machines) each lookup fails at once instead of after 8 s."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--retries", "0", "--timeout", "5", "--report", str(report), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+            for item in json.loads(report.read_text())["install"]}
+
+
+@pytest.mark.slow
+def test_the_makefile_torch_step_resolves_to_the_cpu_build_without_cuda_packages(tmp_path):
+    plan = _resolve(["--extra-index-url", CPU_INDEX, "-c", "constraints.txt", "torch"], tmp_path)
+    assert plan["torch"] == "2.13.0+cpu"
+    assert not [name for name in plan if CUDA.match(name)], f"CUDA packages in the plan: {sorted(plan)}"
+
+
+@pytest.mark.slow
+def test_binder_pip_plan_is_exactly_the_tested_versions(tmp_path):
+    """What repo2docker's pip would install from environment.yml equals constraints.txt, package for package."""
+    requirements = tmp_path / "binder-requirements.txt"
+    requirements.write_text("\n".join(_binder_pip()) + "\n")
+    plan = _resolve(["-r", str(requirements)], tmp_path)
+    assert plan == _constraints(binder_environment.BINDER_PLATFORM)
+    assert not [name for name in plan if CUDA.match(name)]

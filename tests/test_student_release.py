@@ -10,11 +10,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from autograder import student_release as sr
 
@@ -73,11 +75,17 @@ def test_pyproject_and_binder_environment_ask_for_the_same_packages(release):
     wanted = {sr._requirement_name(d): d for d in project["dependencies"]}
     assert "nbgrader" in wanted and "torch" in wanted and not sr.NOT_FOR_LEARNERS & set(wanted)
     env = yaml.safe_load((release / "environment.yml").read_text())["dependencies"]
-    conda = {sr._requirement_name(d): d for d in env if isinstance(d, str)} | {
-        sr._requirement_name(d): d for dep in env if isinstance(dep, dict) for d in dep["pip"] if d[0] != "-"}
-    assert conda.pop("python") == "python=3.11" and conda.pop("pip") == "pip"
-    assert set(conda) == set(wanted)
-    assert all(conda[name].replace("=", "") == wanted[name].replace("=", "") for name in wanted)
+    assert [d for d in env if isinstance(d, str)] == ["python=3.11", "pip"], "conda gives Python and pip only"
+    pip = next(dep["pip"] for dep in env if isinstance(dep, dict))
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip
+    pins = {sr._requirement_name(d): Requirement(d) for d in pip if d[0] != "-"}
+    assert not sr.NOT_FOR_LEARNERS & set(pins)
+    for name, requirement in wanted.items():  # each dependency at the version the course's tests ran with
+        pinned = pins[name].specifier
+        assert len(pinned) == 1 and next(iter(pinned)).operator == "==", f"{name} is not pinned: {pinned}"
+        version = next(iter(pinned)).version
+        assert Requirement(requirement).specifier.contains(version, prereleases=True), (name, version)
+    assert str(pins["torch"].specifier) == "==2.13.0+cpu"
 
 
 def test_the_learner_package_is_the_learner_notebooks_export(release):
@@ -110,6 +118,64 @@ except NotImplementedError:
     print("stub raised NotImplementedError")
 """, tmp_path)
     assert out.splitlines() == [str(release / "src" / "minigpt" / "__init__.py"), "stub raised NotImplementedError"]
+
+
+def _environment_beside(venv: Path) -> Path:
+    """A fresh prefix whose Python sees ``venv``'s packages and Jupyter's data files, with commands of its own:
+    what a learner's new environment is to `make env`, without installing 1.6 GB again."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    (next(venv.glob("lib/python3*/site-packages")) / "course.pth").write_text(f"{site}\n")
+    shutil.copytree(Path(sys.prefix) / "etc" / "jupyter", venv / "etc" / "jupyter")
+    for script in Path(sys.prefix, "bin").glob("jupyter*"):
+        lines = script.read_text().splitlines(keepends=True)
+        (venv / "bin" / script.name).write_text(f"#!{venv}/bin/python\n" + "".join(lines[1:]))
+        (venv / "bin" / script.name).chmod(0o755)
+    return venv
+
+
+@pytest.mark.slow
+def test_the_learners_jupyterlab_has_no_instructor_tools(release, tmp_path):
+    """postBuild's commands, run in a learner's environment: JupyterLab starts without nbgrader's formgrader,
+    create-assignment and course list (plugins off and locked, server extensions off), with the assignment list
+    and validate."""
+    import urllib.request
+
+    venv = _environment_beside(tmp_path / "venv")
+    env = {**os.environ, "PATH": f"{venv}/bin:{os.environ['PATH']}", "JUPYTER_PATH": f"{sys.prefix}/share/jupyter",
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "user-config"), "JUPYTER_DATA_DIR": str(tmp_path / "user-data"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    post_build = (release / "postBuild").read_text()
+    for line in sr.LEARNER_LAB.splitlines():
+        assert line in post_build and line.replace("jupyter ", ".venv/bin/jupyter ") in (release / "Makefile").read_text()
+        subprocess.run(line.split(), env=env, check=True, capture_output=True, cwd=tmp_path, timeout=120)
+    port = 20000 + os.getpid() % 20000
+    server = subprocess.Popen([f"{venv}/bin/jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}",
+                               "--port-retries=0", "--ServerApp.token=t", f"--ServerApp.root_dir={tmp_path}"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        page = None
+        for _ in range(120):
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token=t", timeout=5).read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert page, "JupyterLab did not start"
+        config = json.loads(html.unescape(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S)[1]))
+        hidden = {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"}
+        assert hidden <= set(config["disabledExtensions"]) and hidden <= set(config.get("lockedExtensions", []))
+        assert not {"@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:validate-assignment"} & set(
+            config["disabledExtensions"])
+        for path, served in [("formgrader", False), ("assignments", True)]:
+            try:
+                code = urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}?token=t", timeout=10).status
+            except urllib.error.HTTPError as error:
+                code = error.code
+            assert (code != 404) == served, f"/{path} answered {code}"  # 400 for the list: it wants a course
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_chapter_4_imports_earlier_chapters_from_the_learners_package(release):
