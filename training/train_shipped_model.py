@@ -49,8 +49,8 @@ HF_MEASURE_TOKENS = 30_000  # the held-out measure of the model card: the first 
 
 @dataclasses.dataclass(frozen=True)
 class Hyper:
-    steps: int = 2200
-    batch_size: int = 16           # windows of block_size tokens per step
+    steps: int = 1300
+    batch_size: int = 8            # windows of block_size tokens per step
     max_lr: float = 2e-3           # reached at the end of the warm-up
     min_lr: float = 1e-4           # where the cosine ends, at the last step
     warmup_steps: int = 100
@@ -58,8 +58,8 @@ class Hyper:
     beta1: float = 0.9
     beta2: float = 0.95
     max_grad_norm: float = 1.0
-    dropout: float = 0.1           # on the embeddings' and every block's attention and MLP outputs, while training
-    bf16: bool = True              # matrix products in bfloat16 while training
+    dropout: float = 0.0           # about two passes over the text: no overfitting for dropout to cure (see README)
+    bf16: bool = False             # bfloat16 matrix products: 2-3x faster where the CPU has them, far slower without
     eval_every: int = 100          # steps between two measurements (and checkpoints)
     eval_windows: int = 24         # windows of block_size tokens per measurement, training text and held out each
 
@@ -248,6 +248,10 @@ def write_card(log: dict, path: Path) -> None:
     """The model card, every number from the log (tests/test_shipped_model.py recomputes the ones it can)."""
     c, hp, final = log["config"], log["hyperparameters"], log["final"]
     fence = "```"
+    dropout = (f"dropout {hp['dropout']:g} on the outputs of the embeddings and of every block's attention and MLP"
+               if hp["dropout"] else "no dropout (too few passes over the text to memorise it)")
+    precision = ("matrix products in bfloat16 (torch.autocast), the rest in float32" if hp["bf16"]
+                 else "everything in float32")
     shown = "\n\n".join(f"temperature {s['temperature']}, prompt {s['prompt']!r}:\n{fence}\n{s['prompt']}{s['text']}\n"
                         f"{fence}" for s in log["samples"] if s["prompt"] == PROMPTS[0])
     path.write_text(f"""\
@@ -279,8 +283,7 @@ on.
 ({log['tokens_seen'] / 1e6:.1f}M tokens, {log['passes_over_the_training_text']} passes over the training text); AdamW
 (betas {hp['beta1']}, {hp['beta2']}, weight decay {hp['weight_decay']} on matrices and embeddings), gradients clipped
 at norm {hp['max_grad_norm']}, the learning rate warmed up over {hp['warmup_steps']} steps to {hp['max_lr']:g} and
-decayed on a cosine to {hp['min_lr']:g}; dropout {hp['dropout']} on the embeddings' and every block's attention and MLP
-outputs; matrix products in bfloat16 {'(torch.autocast)' if hp['bf16'] else 'off'}. It took
+decayed on a cosine to {hp['min_lr']:g}; {dropout}; {precision}. It took
 {log['training_hours']} hours on the 2 CPU cores of a shared machine (torch {log['torch'].split('+')[0]},
 Python {log['python']}). The same command on the same number of threads repeats it; `--resume` goes on from the last
 checkpoint.
@@ -304,7 +307,7 @@ the public domain (see `../../shakespeare/README.md`).
 
 
 # glibc hands every block over 32 MB straight back to the kernel when it is freed, and the kernel zeroes each page
-# again at the next step: with logits of 16 x 256 x 50,257 floats, a third of a step went to clearing pages. With
+# again at the next step: with logits of 16 x 256 x 50,257 floats (batches of 16), a third of a step went to clearing pages. With
 # these settings malloc keeps what it has freed (measured: 3.0 s per step instead of 4.3-6.8 s, 7.4 GB at most).
 MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
