@@ -128,7 +128,7 @@ class Generation:
     prompt_ids: list[int]
     ids: list[int]
     text: str
-    finish_reason: str  # "eos", "stop" or "length", as the big APIs say it
+    finish_reason: str  # "eos", "stop" or "length" (OpenAI's API says "stop" for the first two)
 
 
 def generate(model: Model, tokenizer, prompt: str | list[int], max_new_tokens: int = 64,
