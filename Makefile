@@ -39,14 +39,14 @@ env: $(STAMP)
 # the course was tested with. torch comes first, alone, from PyTorch's CPU index: constraints.txt asks for its
 # CPU build (2.13.0+cpu, about 190 MB with its dependencies) on Linux x86-64, where PyPI's torch is a CUDA build
 # of several GB. Where that index cannot be reached pip retries for about 8 s and takes a copy it has locally, or
-# stops with an error: it never falls back to the CUDA build. Only torch asks that index (pip would retry it for
-# every package).
+# stops with an error: it never falls back to the CUDA build. Only torch asks that index, without its
+# dependencies (pip would retry the index for every package); the second step installs them from PyPI.
 TORCH_INDEX := https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml constraints.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --extra-index-url $(TORCH_INDEX) -c constraints.txt torch
+	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) -c constraints.txt torch
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m pip check
 	touch $(STAMP)

@@ -191,7 +191,7 @@ env: .venv/.installed
 \trm -rf .venv
 \t$(PYTHON) -m venv .venv
 \t.venv/bin/python -m pip install --quiet --upgrade pip
-\t.venv/bin/python -m pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt torch
+\t.venv/bin/python -m pip install --quiet --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt torch
 \t.venv/bin/python -m pip install --quiet -c constraints.txt -e .
 \t""" + LEARNER_LAB.replace("jupyter ", ".venv/bin/jupyter ").replace("\n", " >/dev/null 2>&1\n\t") + """ >/dev/null 2>&1
 \ttouch $@

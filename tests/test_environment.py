@@ -68,7 +68,7 @@ def test_makefile_installs_torch_alone_from_the_cpu_index():
     plan = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
     installs = [line for line in plan.splitlines() if " -m pip install " in line and "--upgrade pip" not in line]
-    assert installs == [f".venv/bin/python -m pip install --quiet --extra-index-url {CPU_INDEX} -c constraints.txt torch",
+    assert installs == [f".venv/bin/python -m pip install --quiet --no-deps --extra-index-url {CPU_INDEX} -c constraints.txt torch",
                         '.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"'], installs
 
 
