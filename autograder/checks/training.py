@@ -347,7 +347,7 @@ def check_train_step(train_step):
             theirs = params.get(f"model.{key}", params.get(key))
             if not isinstance(theirs, torch.Tensor) or theirs.shape != value.shape:
                 fail(f"{label}: the model's parameter {key} is missing or changed shape")
-            diff = (theirs - value).abs().max().item()
+            diff = _comparable(key, theirs - value).abs().max().item()
             if diff > worst:
                 worst, name = diff, key
         if worst > 1e-5:
@@ -361,9 +361,22 @@ def check_train_step(train_step):
                  f"(in {name})", hint)
 
 
+def _comparable(key: str, diff: torch.Tensor) -> torch.Tensor:
+    """The part of a parameter's difference from the reference that a correct step fixes. The keys' bias (the middle
+    third of c_attn.bias) gets no gradient in exact arithmetic: it adds q . b_k to every score of a query, which the
+    softmax ignores. Its float32 gradient is rounding noise, which AdamW scales up to steps of a fair fraction of lr,
+    so a correct loss that rounds differently (log_softmax and gather) moves it by up to about 1e-5 in three steps;
+    it is left out."""
+    if key.endswith("attn.c_attn.bias"):
+        n_embd = diff.shape[0] // 3
+        diff = torch.cat([diff[:n_embd], diff[2 * n_embd:]])
+    return diff
+
+
 def _unclipped_matches(seed, batches, lr, params) -> bool:
     _, unclipped = _reference_steps(seed, batches, lr, 1e9)
-    return all((params.get(f"model.{k}", params.get(k)) - v).abs().max().item() < 1e-5 for k, v in unclipped.items())
+    return all(_comparable(k, params.get(f"model.{k}", params.get(k)) - v).abs().max().item() < 1e-5
+               for k, v in unclipped.items())
 
 
 # ---------------------------------------------------------------- train
