@@ -49,6 +49,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) -c constraints.txt torch
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m pip check
+	$(BIN)/python tools/lab_settings.py
 	touch $(STAMP)
 
 # Binder's environment: every pin of constraints.txt, for pip (tests/test_environment.py resolves it).

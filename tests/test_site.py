@@ -5,6 +5,8 @@ Builds the book once per session with the Makefile's command (``-W``: any warnin
 other host does not exist. So a formula that comes out typeset proves MathJax is served from the book
 itself, not from a CDN.
 """
+import html
+import json
 import os
 import re
 import shutil
@@ -12,9 +14,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pytest
 import yaml
@@ -79,9 +82,10 @@ def chromium() -> str:
 
 @pytest.fixture(scope="session")
 def browse(chromium, base_url):
-    """browse(page, *flags) -> chromium's stdout for book page ``page`` (a docname such as book/01-tokens)."""
+    """browse(page, *flags) -> chromium's stdout for book page ``page`` (a docname such as book/01-tokens);
+    ``query`` is added to its URL, ``window`` and ``budget`` (ms of virtual time for scripts) may be changed."""
 
-    def run(page: str, *flags: str) -> str:
+    def run(page: str, *flags: str, query: str = "", window: str = "1280,2000", budget: int = 10000) -> str:
         with tempfile.TemporaryDirectory() as profile:
             result = subprocess.run(
                 [
@@ -97,10 +101,10 @@ def browse(chromium, base_url):
                     # Every host but the local server is unknown: the page cannot reach a CDN.
                     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
                     f"--user-data-dir={profile}",
-                    "--virtual-time-budget=10000",
-                    "--window-size=1280,2000",
+                    f"--virtual-time-budget={budget}",
+                    f"--window-size={window}",
                     *flags,
-                    f"{base_url}/{page}.html",
+                    f"{base_url}/{page}.html" + (f"?{query}" if query else ""),
                 ],
                 capture_output=True,
                 text=True,
@@ -224,3 +228,86 @@ def test_chapter_1_screenshot(browse, site):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1280, 2000)
+
+
+def launch_urlpaths(page_dom) -> list[str]:
+    """The JupyterLab paths the page's Binder launch buttons open (the theme's top-bar buttons)."""
+    return [unquote(a["href"].split("urlpath=", 1)[1]) for a in page_dom.find("a")
+            if a.get("href", "").startswith(CONFIG["launch_buttons"]["binderhub_url"]) and "urlpath=" in a["href"]]
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_launch_button_opens_its_page_source(dom, page):
+    """The top-bar button opens the page's own MyST file, which JupyterLab shows as a notebook (next test)."""
+    assert f"lab/tree/{page}.md" in launch_urlpaths(dom(page)), launch_urlpaths(dom(page))
+    assert (ROOT / f"{page}.md").is_file()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab of the suite's environment (what make env and Binder's postBuild make), serving the repository."""
+    import urllib.request
+
+    home = tmp_path_factory.mktemp("lab")
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+    port = 20000 + (os.getpid() + 7) % 20000
+    server = subprocess.Popen([str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", "--allow-root",
+                               f"--port={port}", "--port-retries=0", "--ServerApp.token=t",
+                               f"--ServerApp.root_dir={ROOT}"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token=t", timeout=5)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("JupyterLab did not start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_jupyterlab_opens_a_chapter_page_as_a_notebook(chromium, lab, tmp_path):
+    """Where the launch button goes: book/01-tokens.md opens as a notebook (jupytext's viewer, made the default by
+    tools/lab_settings.py in make env and postBuild), with the page's code cells, not as text in the editor."""
+    assert "python tools/lab_settings.py" in (ROOT / "postBuild").read_text()
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "lab_settings.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=30000",
+                             "--window-size=1366,900", "--dump-dom", f"{lab}/lab/tree/book/01-tokens.md?token=t"],
+                            capture_output=True, text=True, timeout=180)
+    page = Dom(result.stdout)
+    assert page.find("div", "jp-NotebookPanel"), "book/01-tokens.md did not open as a notebook"
+    assert not page.find("div", "jp-FileEditor"), "book/01-tokens.md opened in the text editor"
+    code_cells = len(re.findall(r"^```\{code-cell\}", (ROOT / "book" / "01-tokens.md").read_text(), re.M))
+    shown = len(page.find("div", "jp-CodeCell"))
+    assert shown >= min(code_cells, 5), f"{shown} code cells shown of the page's {code_cells}"
+
+
+ALL_PAGES = [TOC["root"]] + [entry["file"] for part in TOC["parts"] for entry in part["chapters"]]
+LAYOUT_WIDTHS = (1366, 390)  # a laptop, a phone
+
+
+@pytest.fixture(scope="session")
+def layout_probe(site) -> str:
+    """tests/layout_probe.html, served beside the pages it measures (it reads them in frames of the same origin)."""
+    shutil.copy(ROOT / "tests" / "layout_probe.html", site / "_layout_probe.html")
+    return "_layout_probe"
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_nothing_is_cut_off_or_wider_than_the_text_column(browse, layout_probe, page):
+    """At a laptop's and a phone's width, every element fits the text column or scrolls inside a box of its own
+    (wide tables and formulas), and no box cuts off its content."""
+    out = browse(layout_probe, "--dump-dom", query=f"page={page}&widths={','.join(map(str, LAYOUT_WIDTHS))}",
+                 window=f"{max(LAYOUT_WIDTHS) + 40},3100", budget=60000)
+    found = json.loads(html.unescape(re.search(r'<pre id="result">(.*?)</pre>', out, re.S)[1]))
+    assert "error" not in found, found
+    problems = [f"at {width} px: {problem}" for width, listed in found.items() for problem in listed]
+    assert not problems, f"{page}:\n" + "\n".join(problems)

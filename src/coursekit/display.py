@@ -22,5 +22,7 @@ def tokens_html(pieces: list[str] | list[bytes], ids: list[int] | None = None):
         title = f' title="id {ids[i]}"' if ids is not None else ""
         spans.append(f'<span style="background:{_COLOURS[i % len(_COLOURS)]};padding:1px 0;'
                      f'border-radius:3px"{title}>{shown}</span>')
-    return HTML('<div style="font-family:monospace;line-height:1.9;white-space:pre-wrap">'
-                + "".join(spans) + f'</div><div style="font-size:85%;color:#555">{len(pieces)} tokens</div>')
+    # A dot replaces each space, so the line has no break of its own: <wbr> lets it wrap between tokens, and
+    # overflow-wrap inside a token longer than the line.
+    return HTML('<div class="token-strip" style="font-family:monospace;line-height:1.9;white-space:pre-wrap;overflow-wrap:anywhere">'
+                + "<wbr>".join(spans) + f'</div><div style="font-size:85%;color:#555">{len(pieces)} tokens</div>')
