@@ -429,6 +429,8 @@ def submit(learner: Learner) -> str:
     menu = learner.fetch_assignment()
     assert "Assignment List" in menu and not {"Formgrader", "Course List", "Create assignment"} & set(menu), \
         f"{learner.name}'s Nbgrader menu: {menu}"
+    learner.driver.get(f"{learner.hub.url}/user/{learner.name}/formgrader")  # nbgrader's server side of it is off too
+    assert "404" in learner.element("body", "the formgrader's address").text, learner.driver.page_source[:500]
     learner.open_notebook()
     for grade_id, source in ANSWERS[learner.name].items():
         learner.write_cell(CELLS[grade_id], source)
