@@ -90,7 +90,8 @@ def free_port() -> int:
 
 def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
 
@@ -148,7 +149,8 @@ LEARNER_ENV, COURSE_ENV = {learner_env!r}, {course_env!r}
 
 
 def environment(spawner):
-    """Learners get the student release's environment (nbgrader's instructor tools hidden); the instructor the course's."""
+    """Learners get the student release's environment (nbgrader's instructor tools hidden), the instructor the
+    course's."""
     prefix = COURSE_ENV if spawner.user.name == {teacher!r} else LEARNER_ENV
     spawner.cmd = [prefix + "/bin/python", "-m", "jupyterhub.singleuser"]
     spawner.environment.update({{"PATH": prefix + "/bin:/usr/bin:/bin", **{variables!r}}})
@@ -158,7 +160,7 @@ c.Spawner.pre_spawn_hook = environment
 '''
 
 NBGRADER_CONFIG = '''\
-# Every account's nbgrader settings on the hub (/etc/jupyter/nbgrader_config.py on a real one): the course, the exchange.
+# Every account's nbgrader settings on the hub (/etc/jupyter/nbgrader_config.py on a real one): course, exchange.
 c = get_config()
 c.CourseDirectory.course_id = {course!r}
 c.Exchange.root = {exchange!r}
@@ -239,7 +241,7 @@ def shared_python() -> str:
 
 def course_environment(base: Path, python: str) -> Path:
     """The instructor's environment: this repository's, nbgrader's instructor tools included."""
-    venv = _environment_beside(base / "course-env", python, ("jupyter*", "nbgrader", "alembic"))  # nbgrader runs alembic
+    venv = _environment_beside(base / "course-env", python, ("jupyter*", "nbgrader", "alembic"))  # nbgrader: alembic
     editable = next(Path(sys.prefix).glob("lib/python3*/site-packages/__editable__.*.pth"))
     # after course.pth, which puts this environment's packages (the finder of the editable install among them) in view
     shutil.copyfile(editable, next(venv.glob("lib/python3*/site-packages")) / "zz-editable.pth")
