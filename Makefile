@@ -16,13 +16,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # A MPLBACKEND inherited from the shell would replace the notebooks' inline backend: no plots in the book.
 unexport MPLBACKEND
 
-.PHONY: course test lab test-fast env notebooks bench bench-grading model clean system-packages student-release
+.PHONY: course test lab test-fast env notebooks bench bench-grading model clean system-packages student-release hub-tools
 
 course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
-test: $(STAMP) system-packages
+test: $(STAMP) system-packages hub-tools
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # JupyterLab on the learner notebooks. Jupyter refuses to run as root unless told to: as root (a container), it is.
@@ -56,14 +56,23 @@ $(STAMP): pyproject.toml constraints.txt
 environment.yml: constraints.txt tools/binder_environment.py | $(STAMP)
 	$(BIN)/python tools/binder_environment.py
 
-# Debian packages the tests need: Chromium (the browser tests drive it headless) and bubblewrap (minigpt-grade's
-# sandbox). Installed with apt-get when this runs as root; otherwise the command to run is printed.
-SYSTEM_PACKAGES := chromium:chromium bwrap:bubblewrap
+# Debian packages the tests need: Chromium (the browser tests drive it headless; Selenium drives it through Debian's
+# chromedriver in the hub test) and bubblewrap (minigpt-grade's sandbox). Installed with apt-get when this runs as
+# root; otherwise the command to run is printed.
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver bwrap:bubblewrap
 system-packages:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "The tests need:$$missing (sudo apt-get install$$missing)"; exit 1; fi; fi
+
+# JupyterHub's proxy for the hub test (tests/test_hub.py): configurable-http-proxy from npm, at the versions
+# tools/hub/package-lock.json pins (Node.js and npm needed).
+HUB_PROXY := tools/hub/node_modules/.bin/configurable-http-proxy
+hub-tools: $(HUB_PROXY)
+$(HUB_PROXY): tools/hub/package.json tools/hub/package-lock.json
+	cd tools/hub && npm ci --no-audit --no-fund
+	touch $@
 
 # After editing a notebook in solutions/: regenerate the reference package and the learner notebooks.
 notebooks: $(STAMP)

@@ -60,6 +60,11 @@ MESSAGE_MAX_CHARS = 1000
 OUTPUT_MAX_CHARS = 100_000  # per output of the autograded notebook kept in the workspace
 OUTPUTS_PER_CELL = 200
 MAX_SUBMISSION = 20 * 1024 * 1024  # bytes of a notebook handed in
+# nbgrader's receipt of a notebook handed in through its exchange: `nbgrader collect` puts these beside it in
+# submitted/<student>/<chapter>/, and `nbgrader release_feedback` needs them beside the feedback page (the secret
+# names the page that the learner's `fetch_feedback` looks for).
+EXCHANGE_RECEIPT = ("timestamp.txt", "submission_secret.txt")
+MAX_RECEIPT = 4096  # bytes of each receipt file
 DEFAULT_TIMEOUT = 900  # seconds for one notebook, start to end
 DEFAULT_MEMORY = "4G"  # all of one notebook's processes together, and each one's address space
 DEFAULT_CELL_TIMEOUT = 120  # the course's nbgrader setting (autograder/nbgrader_config.py)
@@ -246,6 +251,19 @@ def class_submissions(class_dir: Path, wanted: list[str], known: list[str]) -> l
     if not chapters:
         raise UsageError(f"no notebook of any chapter in {class_dir}")
     return [Submission(s.name, ch, found.get((s.name, ch))) for s in students for ch in chapters]
+
+
+def exchange_receipt(s: Submission) -> dict[str, bytes]:
+    """The files of nbgrader's exchange beside a notebook laid out `<student>/<chapter>/<chapter>.ipynb` (as `nbgrader
+    collect` leaves it), read like the notebook itself: regular files only, small ones."""
+    if s.path is None or s.path.parent.name != s.chapter:
+        return {}
+    found = {}
+    for name in EXCHANGE_RECEIPT:
+        data = read_submission(s.path.parent / name)
+        if isinstance(data, bytes) and len(data) <= MAX_RECEIPT:
+            found[name] = data
+    return found
 
 
 def read_submission(path: Path) -> bytes | str:
@@ -728,15 +746,20 @@ def _clean_output(o) -> nbformat.NotebookNode | None:
     return None
 
 
-def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, submitted: bytes) -> None:
+def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, submitted: bytes,
+           receipt: dict[str, bytes] | None = None) -> None:
     """Put one run's grades into the workspace's gradebook with nbgrader's own SaveAutoGrades, and its
-    notebooks where nbgrader keeps them (submitted/, autograded/)."""
+    notebooks where nbgrader keeps them (submitted/, with the exchange's receipt if it came with one; autograded/)."""
     from nbgrader.api import Gradebook
     from nbgrader.preprocessors import LimitOutput, SaveAutoGrades
 
     dest = submitted_path(ws.root, s.student, s.chapter)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(submitted)
+    for name in EXCHANGE_RECEIPT:
+        (dest.parent / name).unlink(missing_ok=True)
+        if name in (receipt or {}):
+            (dest.parent / name).write_bytes(receipt[name])
     with Gradebook(ws.db_url) as gb, warnings.catch_warnings():
         # nbgrader's own autograde makes the same calls; SQLAlchemy warns about its session handling there too
         warnings.filterwarnings("ignore", message=".*not in session.*")
@@ -848,8 +871,14 @@ def write_feedback(ws: Workspace, done: list[Submission], verbose: bool) -> None
         for s in [s for s in done if s.chapter == ch]:
             nb = nbformat.read(autograded_path(ws.root, s.student, ch), as_version=4)
             dest = ws.root / "feedback-source" / s.student / ch / f"{ch}.ipynb"
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.parent.exists():
+                shutil.rmtree(dest.parent)
+            dest.parent.mkdir(parents=True)
             nbformat.write(feedback_notebook(nb), dest)
+            for name in EXCHANGE_RECEIPT:  # generate_feedback copies them beside the page, for release_feedback
+                receipt = submitted_path(ws.root, s.student, ch).parent / name
+                if receipt.is_file():
+                    shutil.copyfile(receipt, dest.parent / name)
         students = sorted({s.student for s in done if s.chapter == ch})
         args = ["generate_feedback", ch, "--force", "--CourseDirectory.autograded_directory=feedback-source"]
         if len(students) == 1:
@@ -1001,7 +1030,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         max_of = {ch: gb.find_assignment(ch).max_score for ch in chapters}
 
     results: dict[tuple[str, str], Result] = {}
-    todo: list[tuple[Submission, str, bytes, nbformat.NotebookNode, list[str]]] = []
+    todo: list[tuple[Submission, str, tuple[bytes, dict[str, bytes]], nbformat.NotebookNode, list[str]]] = []
     bar = Progress(len(submissions), progress)
     isolation = "sandbox" if sandboxed else "none"
 
@@ -1023,7 +1052,10 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if isinstance(data, str):
             finish(s, Result(s.student, s.chapter, "unreadable", detail=data), None)
             continue
-        digest = hashlib.sha256(data).hexdigest()
+        receipt = exchange_receipt(s)
+        # a notebook handed in again through the exchange is a new submission (a new secret): graded again, so that
+        # its feedback is released under its own receipt
+        digest = hashlib.sha256(data + b"".join(receipt[name] for name in sorted(receipt))).hexdigest()
         cached = reuse(ws, s, digest, isolation)
         if cached is not None:
             finish(s, cached, digest)
@@ -1044,7 +1076,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
             finish(s, Result(s.student, s.chapter, "unreadable", detail=f"nbgrader cannot grade it: {err}"[:300]),
                    digest)
             continue
-        todo.append((s, digest, data, prepared, notes))
+        todo.append((s, digest, (data, receipt), prepared, notes))
 
     graded: list[Submission] = []
     try:
@@ -1061,7 +1093,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
                                "(the machine's doing, not the notebook's: run the batch again)")
                     r.log = str(ws.keep_log(s.student, s.chapter, run.log))
                 else:
-                    record(ws, s, assemble(prepared, run), data)  # this thread alone writes the gradebook
+                    record(ws, s, assemble(prepared, run), *data)  # this thread alone writes the gradebook
                     with Gradebook(ws.db_url) as gb:
                         r = read_result(gb, ws.root, s.student, s.chapter)
                     r.detail = run.incident

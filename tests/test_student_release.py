@@ -120,14 +120,15 @@ except NotImplementedError:
     assert out.splitlines() == [str(release / "src" / "minigpt" / "__init__.py"), "stub raised NotImplementedError"]
 
 
-def _environment_beside(venv: Path) -> Path:
-    """A fresh prefix whose Python sees ``venv``'s packages and Jupyter's data files, with commands of its own:
-    what a learner's new environment is to `make env`, without installing 1.6 GB again."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+def _environment_beside(venv: Path, python: str = sys.executable, commands: tuple[str, ...] = ("jupyter*",)) -> Path:
+    """A fresh prefix whose Python sees this environment's packages and Jupyter's data files, with ``commands`` of its
+    own: what a learner's new environment is to `make env`, without installing 1.6 GB again. ``python``: another
+    interpreter of the same version to make it with."""
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
     (next(venv.glob("lib/python3*/site-packages")) / "course.pth").write_text(f"{site}\n")
     shutil.copytree(Path(sys.prefix) / "etc" / "jupyter", venv / "etc" / "jupyter")
-    for script in Path(sys.prefix, "bin").glob("jupyter*"):
+    for script in (s for pattern in commands for s in Path(sys.prefix, "bin").glob(pattern)):
         lines = script.read_text().splitlines(keepends=True)
         (venv / "bin" / script.name).write_text(f"#!{venv}/bin/python\n" + "".join(lines[1:]))
         (venv / "bin" / script.name).chmod(0o755)
