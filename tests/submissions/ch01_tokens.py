@@ -5,7 +5,10 @@ Solution cells: `pre_split`, `bpe_merge`, `tokenizer` (the whole `Tokenizer` cla
 Test cells: test_pre_split, test_bpe_merge, test_encode_ordinary, test_special_tokens, test_decode,
 test_matches_tiktoken. The tokenizer's tests use `pre_split` and `bpe_merge`, so a mistake there also costs
 their points, with a message that says which of them fails its own test (`judge.because_of`: "it uses your
-bpe_merge, ..."); a mistake in the `Tokenizer` must cost nothing in the cells before it.
+bpe_merge, ..."); a mistake in the `Tokenizer` must cost nothing in the cells before it. The reference `Tokenizer`
+merges with the given `bpe_merge_fast` (issue 16); a learner's may call their own `bpe_merge`, as the notebook says,
+and the mistakes in `bpe_merge` below are made by such a learner (`CALLS_BPE_MERGE`), but for one
+(bpe-leftmost-fast-tokenizer), whose `Tokenizer` calls the given merge: only `bpe_merge`'s own test may lose.
 
 Issue 12's classes, each with mutants below: sizes (no ids: decode-empty; a piece longer than any token:
 bpe-recursive; nothing allowed: encode-empty-allowed), input types (ids as a tuple: decode-list-only; a tokenizer
@@ -95,7 +98,7 @@ ENCODE_ORDINARY_BODY = """\
         for piece in pre_split(text):
             piece_ids = self._piece_ids.get(piece)
             if piece_ids is None:
-                piece_ids = [self.ranks[part] for part in bpe_merge(piece.encode("utf-8"), self.ranks)]
+                piece_ids = [self.ranks[part] for part in bpe_merge_fast(piece.encode("utf-8"), self.ranks)]
                 if len(self._piece_ids) < 200_000:  # bounded: a long-lived tokenizer must not grow forever
                     self._piece_ids[piece] = piece_ids
             ids.extend(piece_ids)
@@ -112,6 +115,8 @@ ENCODE_SPLIT = """\
                 ids.extend(self.encode_ordinary(part))
         return ids
 """
+# The reference Tokenizer merges with the given bpe_merge_fast; with this edit it calls the learner's bpe_merge.
+CALLS_BPE_MERGE = Edit("tokenizer", "bpe_merge_fast(piece", "bpe_merge(piece")
 BPE_MERGE_BODY = """\
     parts = [bytes([b]) for b in piece]
     while len(parts) > 1:
@@ -133,26 +138,35 @@ MUTANTS = [
         "bpe-leftmost",
         "merges the leftmost mergeable pair, not the lowest rank",
         (Edit("bpe_merge", "                best = (rank, i)\n",
-              "                best = (rank, i)\n                break  # the first pair that can merge\n"),),
+              "                best = (rank, i)\n                break  # the first pair that can merge\n"),
+         CALLS_BPE_MERGE),
         {"test_bpe_merge": "LOWEST rank", **{t: USES_BPE for t in TOKENIZER_TESTS}},
+    ),
+    Mutant(
+        "bpe-leftmost-fast-tokenizer",
+        "merges the leftmost mergeable pair, but its Tokenizer calls the given bpe_merge_fast: bpe_merge's own test "
+        "grades the learner's function, not the given one",
+        (Edit("bpe_merge", "                best = (rank, i)\n",
+              "                best = (rank, i)\n                break  # the first pair that can merge\n"),),
+        {"test_bpe_merge": "LOWEST rank"},
     ),
     Mutant(
         "bpe-highest-rank",
         "merges the highest rank first",
-        (Edit("bpe_merge", "rank < best[0]", "rank > best[0]"),),
+        (Edit("bpe_merge", "rank < best[0]", "rank > best[0]"), CALLS_BPE_MERGE),
         {"test_bpe_merge": "highest rank first", **{t: USES_BPE for t in TOKENIZER_TESTS}},
     ),
     Mutant(
         "bpe-one-merge",
         "stops after the first merge",
         (Edit("bpe_merge", "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n",
-              "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n        break\n"),),
+              "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n        break\n"), CALLS_BPE_MERGE),
         {"test_bpe_merge": "stopped after one merge", **{t: USES_BPE for t in TOKENIZER_TESTS}},
     ),
     Mutant(
         "bpe-ties-rightmost",
         "among pairs of equal rank (the same pair twice), merges the rightmost: `<=` where `<` belongs",
-        (Edit("bpe_merge", "rank < best[0]", "rank <= best[0]"),),
+        (Edit("bpe_merge", "rank < best[0]", "rank <= best[0]"), CALLS_BPE_MERGE),
         # Ties come from runs of one character: the long runs of the encode_ordinary test show them.
         {"test_bpe_merge": "merge the first (leftmost) one", "test_encode_ordinary": USES_BPE},
     ),
@@ -245,7 +259,7 @@ def _merge_parts(parts: list[bytes], ranks: dict[bytes, int]) -> list[bytes]:
         return parts
     _, i = min(pairs)
     return _merge_parts(parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:], ranks)
-"""),),
+"""), CALLS_BPE_MERGE),
         {"test_bpe_merge": "recursion limit", "test_encode_ordinary": USES_BPE},
     ),
     Mutant(
