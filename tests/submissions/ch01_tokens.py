@@ -1,14 +1,17 @@
 """Chapter 1 (tokens): realistic learner mistakes, each of which must lose points with a message that names
 it, and different-but-correct answers, each of which must get full marks.
 
-Solution cells: `pre_split`, `bpe_merge`, `tokenizer` (the whole `Tokenizer` class), `train_bpe` (not graded).
+Solution cells: `pre_split`, `bpe_merge`, `bpe_merge_fast` (optional, not graded), `tokenizer` (the whole `Tokenizer`
+class), `train_bpe` (optional, not graded).
 Test cells: test_pre_split, test_bpe_merge, test_encode_ordinary, test_special_tokens, test_decode,
 test_matches_tiktoken. The tokenizer's tests use `pre_split` and `bpe_merge`, so a mistake there also costs
 their points, with a message that says which of them fails its own test (`judge.because_of`: "it uses your
 bpe_merge, ..."); a mistake in the `Tokenizer` must cost nothing in the cells before it. The reference `Tokenizer`
-merges with the given `bpe_merge_fast` (issue 16); a learner's may call their own `bpe_merge`, as the notebook says,
-and the mistakes in `bpe_merge` below are made by such a learner (`CALLS_BPE_MERGE`), but for one
-(bpe-leftmost-fast-tokenizer), whose `Tokenizer` calls the given merge: only `bpe_merge`'s own test may lose.
+merges with `bpe_merge_fast` (issue 16), the notebook's optional, ungraded challenge: the reference is a learner who
+wrote it. A learner who skips it leaves that cell as released (`raise NotImplementedError()`) and their `Tokenizer`
+calls their own `bpe_merge` (`CALLS_BPE_MERGE`): full marks (variant required-only), and the mistakes in
+`bpe_merge` below are made by such a learner, but for one (bpe-leftmost-fast-tokenizer), who wrote the fast merge
+right and `bpe_merge` wrong, and whose `Tokenizer` calls the fast one: only `bpe_merge`'s own test may lose.
 
 Issue 12's classes, each with mutants below: sizes (no ids: decode-empty; a piece longer than any token:
 bpe-recursive; nothing allowed: encode-empty-allowed), input types (ids as a tuple: decode-list-only; a tokenizer
@@ -115,7 +118,7 @@ ENCODE_SPLIT = """\
                 ids.extend(self.encode_ordinary(part))
         return ids
 """
-# The reference Tokenizer merges with the given bpe_merge_fast; with this edit it calls the learner's bpe_merge.
+# The reference Tokenizer merges with bpe_merge_fast (the optional part); with this edit it calls bpe_merge.
 CALLS_BPE_MERGE = Edit("tokenizer", "bpe_merge_fast(piece", "bpe_merge(piece")
 BPE_MERGE_BODY = """\
     parts = [bytes([b]) for b in piece]
@@ -144,8 +147,8 @@ MUTANTS = [
     ),
     Mutant(
         "bpe-leftmost-fast-tokenizer",
-        "merges the leftmost mergeable pair, but its Tokenizer calls the given bpe_merge_fast: bpe_merge's own test "
-        "grades the learner's function, not the given one",
+        "merges the leftmost mergeable pair in bpe_merge, but wrote the optional bpe_merge_fast right and its "
+        "Tokenizer calls that one: bpe_merge's own test grades bpe_merge, not the fast one",
         (Edit("bpe_merge", "                best = (rank, i)\n",
               "                best = (rank, i)\n                break  # the first pair that can merge\n"),),
         {"test_bpe_merge": "LOWEST rank"},
@@ -568,7 +571,27 @@ CHECKED_DECODE_BYTES = """\
         return b"".join(self.vocab[i] for i in ids)
 """
 
+# The optional fast merge as released: a learner who skips it leaves the cell as it is.
+UNWRITTEN_FAST_MERGE = '''\
+#| export
+def bpe_merge_fast(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
+    """The parts ``bpe_merge`` gives, in about n log n steps for a piece of n bytes instead of n * n.
+
+    The parts are a linked list over the piece's bytes and the pairs that can merge wait in a priority queue, so a
+    merge changes two links and queues at most two new pairs, instead of looking at every pair again.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+'''
+
 VARIANTS = [
+    Variant(
+        "required-only",
+        "the required exercises only: the optional bpe_merge_fast left as released (raise NotImplementedError()), "
+        "the Tokenizer calling the learner's bpe_merge",
+        cells={"bpe_merge_fast": UNWRITTEN_FAST_MERGE},
+        edits=(CALLS_BPE_MERGE,),
+    ),
     Variant(
         "minbpe-no-cache",
         "minbpe: merge every occurrence of the best pair per pass; encode_ordinary without a cache",
