@@ -10,7 +10,7 @@ from submissions.grading import hidden_check_tests, nbgrader_tests
 
 TEST_CELLS = ["test_pre_split", "test_bpe_merge", "test_encode_ordinary", "test_special_tokens", "test_decode",
               "test_matches_tiktoken"]
-SOLUTION_IDS = ["pre_split", "bpe_merge", "tokenizer", "train_bpe"]
+SOLUTION_IDS = ["pre_split", "bpe_merge", "bpe_merge_fast", "tokenizer", "train_bpe"]
 
 globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS))
 globals().update(hidden_check_tests(ch))

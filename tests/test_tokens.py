@@ -1,5 +1,7 @@
 """The reference tokenizer (minigpt.tokens) against tiktoken, the external oracle for chapter 1."""
+import random
 import re
+import string
 
 import pytest
 import tiktoken
@@ -7,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import coursekit
-from minigpt.tokens import Tokenizer, bpe_merge, gpt2_tokenizer, load_gpt2_ranks, pre_split, train_bpe
+from minigpt.tokens import (Tokenizer, bpe_merge, bpe_merge_fast, gpt2_tokenizer, load_gpt2_ranks, pre_split,
+                            train_bpe)
 
 END = "<|endoftext|>"
 
@@ -265,3 +268,125 @@ def test_surrogates_examples(tok, enc):
     assert tok.encode("a\ud83db") == tok.encode("a\ufffdb") == enc.encode("a\ud83db")  # a lone half: U+FFFD
     with pytest.raises(UnicodeEncodeError):
         "a\ud83db".encode("utf-8")  # what the tokenizer would meet without the given line
+
+
+# ---------------------------------------------------------------- the fast merge (issue 16)
+#
+# bpe_merge is the readable loop the learner writes: it looks at every pair after each merge, n * n steps for a piece
+# of n bytes. bpe_merge_fast (given) must give exactly its parts, and tiktoken's ids, in about n log n.
+
+GPT2_RANKS = load_gpt2_ranks()
+
+
+def _ids(parts: list[bytes]) -> list[int]:
+    return [GPT2_RANKS[p] for p in parts]
+
+
+# Pieces of every kind: any bytes (invalid UTF-8 included), and the adversarial ones: a few letters repeated, so that
+# many pairs tie, runs of one byte, and a pattern repeated with a twist.
+PIECE = (st.binary(max_size=80)
+         | st.lists(st.sampled_from([b"a", b"b", b"x", b"ab", b"aa", b"xx", b" ", b"\n", b"\xe2\x80", b"0"]),
+                    max_size=40).map(b"".join)
+         | st.tuples(st.sampled_from([b"a", b"x", b"ab", b"abc", b"\xf0\x9f"]), st.integers(0, 120)).map(lambda t: t[0] * t[1])
+         | st.tuples(st.text(string.ascii_letters, min_size=1, max_size=5), st.integers(1, 30),
+                     st.text(string.ascii_letters, max_size=3)).map(lambda t: (t[0] * t[1] + t[2]).encode()))
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(PIECE)
+def test_fast_merge_equals_readable_merge_and_tiktoken(piece):
+    enc = _cached()[1]
+    fast = bpe_merge_fast(piece, GPT2_RANKS)
+    assert fast == bpe_merge(piece, GPT2_RANKS)
+    # tiktoken's merge of one piece, without its pre-split (which panics on no bytes at all: tiktoken 0.14)
+    assert _ids(fast) == (enc._encode_single_piece(piece) if piece else [])
+
+
+# Small tables over three letters where anything goes: ranks that tie (two tokens, one rank) and tokens that rank
+# below shorter tokens they contain, which GPT-2's table never has: the fast merge must still do what bpe_merge does.
+@st.composite
+def toy_tables(draw):
+    tokens = [b"a", b"b", b"c"]
+    for _ in range(draw(st.integers(0, 10))):
+        tokens.append(draw(st.sampled_from(tokens)) + draw(st.sampled_from(tokens)))
+    return {token: draw(st.integers(0, 8)) for token in tokens}
+
+
+@settings(max_examples=600, deadline=None, derandomize=True, database=None)
+@given(toy_tables(), st.lists(st.sampled_from([b"a", b"b", b"c"]), max_size=16).map(b"".join))
+def test_fast_merge_equals_readable_merge_on_any_table(ranks, piece):
+    assert bpe_merge_fast(piece, ranks) == bpe_merge(piece, ranks)
+
+
+def test_fast_merge_examples():
+    assert bpe_merge_fast(b"", GPT2_RANKS) == [] and bpe_merge_fast(b"x", GPT2_RANKS) == [b"x"]
+    assert bpe_merge_fast(b"strawberry", GPT2_RANKS) == [b"st", b"raw", b"berry"]
+    assert bpe_merge_fast(b"abc", {b"a": 0, b"b": 1, b"c": 2, b"bc": 3, b"ab": 4}) == [b"a", b"bc"]
+    assert bpe_merge_fast(b"aaa", {b"a": 0, b"aa": 1}) == [b"aa", b"a"]  # ties: the leftmost pair first
+    assert bpe_merge_fast(b"aaaaa", {b"a": 0, b"aa": 1, b"aaaa": 2}) == [b"aaaa", b"a"]
+    # Stale pairs: merging "bc" takes the "b" of the queued pair "ab", and "abc" is not a token: ab must not merge.
+    assert bpe_merge_fast(b"abcd", {b"a": 0, b"b": 1, b"c": 2, b"d": 3, b"bc": 4, b"ab": 5, b"cd": 6}) == [
+        b"a", b"bc", b"d"]
+    # Merging the first "bc" makes the pair "bcb", which ranks below "bc" (never so in GPT-2's table): it goes before
+    # the second "bc", as in bpe_merge, and takes its "b".
+    table = {b"b": 0, b"c": 1, b"bc": 5, b"bcb": 3}
+    assert bpe_merge_fast(b"bcbc", table) == bpe_merge(b"bcbc", table) == [b"bcb", b"c"]
+
+
+def test_every_gpt2_token_is_reached_by_merging_its_bytes():
+    """tiktoken returns a piece that is itself a token as that token without merging; plain BPE agrees on every token
+    of GPT-2's table, so the fast merge needs no such shortcut to give tiktoken's ids."""
+    assert [t for t in GPT2_RANKS if bpe_merge_fast(t, GPT2_RANKS) != [t]] == []
+
+
+def _random_letters(n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_letters) for _ in range(n))
+
+
+@pytest.mark.parametrize("text", ["x" * 100_000, "ab" * 50_000, _random_letters(100_000), "7" * 30_000 + "x",
+                                  " " * 50_000 + "x", "!?" * 20_000],
+                         ids=["x*100000", "ab*50000", "100000 random letters", "digits", "spaces", "symbols"])
+def test_long_repetitive_pieces_equal_tiktoken(tok, enc, text):
+    """One piece of tens of thousands of bytes: the quadratic merge took minutes on these."""
+    assert len(pre_split(text)) <= 2
+    assert tok.encode_ordinary(text) == enc.encode_ordinary(text)
+
+
+class CountingRanks(dict):
+    """A merge table that counts how often it is read: the work a merge does, whatever the machine's speed."""
+
+    def __init__(self, ranks):
+        super().__init__(ranks)
+        self.reads = 0
+
+    def get(self, key, default=None):
+        self.reads += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.reads += 1
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.reads += 1
+        return super().__contains__(key)
+
+
+def _reads(merge, piece: bytes) -> int:
+    ranks = CountingRanks(GPT2_RANKS)
+    assert merge(piece, ranks) == bpe_merge_fast(piece, GPT2_RANKS)
+    return ranks.reads
+
+
+@pytest.mark.parametrize("make", [lambda n: b"x" * n, lambda n: b"ab" * (n // 2),
+                                  lambda n: _random_letters(n, seed=n).encode()], ids=["x", "ab", "random letters"])
+def test_fast_merge_work_grows_like_the_piece_not_its_square(make):
+    """Counted, not timed: every pair the fast merge queues was read from the table once, so reads bound its work
+    (each queued pair is then sorted once and taken out once). Ten times the bytes must cost about ten times the
+    reads, at most three per byte; the readable merge, measured the same way, costs about a hundred times more."""
+    small, large = _reads(bpe_merge_fast, make(1_000)), _reads(bpe_merge_fast, make(10_000))
+    assert large <= 3 * 10_000 and large / small <= 12, (small, large)
+    quadratic_small, quadratic_large = _reads(bpe_merge, make(300)), _reads(bpe_merge, make(3_000))
+    assert quadratic_large / quadratic_small >= 50, (quadratic_small, quadratic_large)  # the test tells them apart

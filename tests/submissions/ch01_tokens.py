@@ -1,11 +1,17 @@
 """Chapter 1 (tokens): realistic learner mistakes, each of which must lose points with a message that names
 it, and different-but-correct answers, each of which must get full marks.
 
-Solution cells: `pre_split`, `bpe_merge`, `tokenizer` (the whole `Tokenizer` class), `train_bpe` (not graded).
+Solution cells: `pre_split`, `bpe_merge`, `bpe_merge_fast` (optional, not graded), `tokenizer` (the whole `Tokenizer`
+class), `train_bpe` (optional, not graded).
 Test cells: test_pre_split, test_bpe_merge, test_encode_ordinary, test_special_tokens, test_decode,
 test_matches_tiktoken. The tokenizer's tests use `pre_split` and `bpe_merge`, so a mistake there also costs
 their points, with a message that says which of them fails its own test (`judge.because_of`: "it uses your
-bpe_merge, ..."); a mistake in the `Tokenizer` must cost nothing in the cells before it.
+bpe_merge, ..."); a mistake in the `Tokenizer` must cost nothing in the cells before it. The reference `Tokenizer`
+merges with `bpe_merge_fast` (issue 16), the notebook's optional, ungraded challenge: the reference is a learner who
+wrote it. A learner who skips it leaves that cell as released (`raise NotImplementedError()`) and their `Tokenizer`
+calls their own `bpe_merge` (`CALLS_BPE_MERGE`): full marks (variant required-only), and the mistakes in
+`bpe_merge` below are made by such a learner, but for one (bpe-leftmost-fast-tokenizer), who wrote the fast merge
+right and `bpe_merge` wrong, and whose `Tokenizer` calls the fast one: only `bpe_merge`'s own test may lose.
 
 Issue 12's classes, each with mutants below: sizes (no ids: decode-empty; a piece longer than any token:
 bpe-recursive; nothing allowed: encode-empty-allowed), input types (ids as a tuple: decode-list-only; a tokenizer
@@ -95,7 +101,7 @@ ENCODE_ORDINARY_BODY = """\
         for piece in pre_split(text):
             piece_ids = self._piece_ids.get(piece)
             if piece_ids is None:
-                piece_ids = [self.ranks[part] for part in bpe_merge(piece.encode("utf-8"), self.ranks)]
+                piece_ids = [self.ranks[part] for part in bpe_merge_fast(piece.encode("utf-8"), self.ranks)]
                 if len(self._piece_ids) < 200_000:  # bounded: a long-lived tokenizer must not grow forever
                     self._piece_ids[piece] = piece_ids
             ids.extend(piece_ids)
@@ -112,6 +118,8 @@ ENCODE_SPLIT = """\
                 ids.extend(self.encode_ordinary(part))
         return ids
 """
+# The reference Tokenizer merges with bpe_merge_fast (the optional part); with this edit it calls bpe_merge.
+CALLS_BPE_MERGE = Edit("tokenizer", "bpe_merge_fast(piece", "bpe_merge(piece")
 BPE_MERGE_BODY = """\
     parts = [bytes([b]) for b in piece]
     while len(parts) > 1:
@@ -133,26 +141,35 @@ MUTANTS = [
         "bpe-leftmost",
         "merges the leftmost mergeable pair, not the lowest rank",
         (Edit("bpe_merge", "                best = (rank, i)\n",
-              "                best = (rank, i)\n                break  # the first pair that can merge\n"),),
+              "                best = (rank, i)\n                break  # the first pair that can merge\n"),
+         CALLS_BPE_MERGE),
         {"test_bpe_merge": "LOWEST rank", **{t: USES_BPE for t in TOKENIZER_TESTS}},
+    ),
+    Mutant(
+        "bpe-leftmost-fast-tokenizer",
+        "merges the leftmost mergeable pair in bpe_merge, but wrote the optional bpe_merge_fast right and its "
+        "Tokenizer calls that one: bpe_merge's own test grades bpe_merge, not the fast one",
+        (Edit("bpe_merge", "                best = (rank, i)\n",
+              "                best = (rank, i)\n                break  # the first pair that can merge\n"),),
+        {"test_bpe_merge": "LOWEST rank"},
     ),
     Mutant(
         "bpe-highest-rank",
         "merges the highest rank first",
-        (Edit("bpe_merge", "rank < best[0]", "rank > best[0]"),),
+        (Edit("bpe_merge", "rank < best[0]", "rank > best[0]"), CALLS_BPE_MERGE),
         {"test_bpe_merge": "highest rank first", **{t: USES_BPE for t in TOKENIZER_TESTS}},
     ),
     Mutant(
         "bpe-one-merge",
         "stops after the first merge",
         (Edit("bpe_merge", "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n",
-              "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n        break\n"),),
+              "        parts[i:i + 2] = [parts[i] + parts[i + 1]]\n        break\n"), CALLS_BPE_MERGE),
         {"test_bpe_merge": "stopped after one merge", **{t: USES_BPE for t in TOKENIZER_TESTS}},
     ),
     Mutant(
         "bpe-ties-rightmost",
         "among pairs of equal rank (the same pair twice), merges the rightmost: `<=` where `<` belongs",
-        (Edit("bpe_merge", "rank < best[0]", "rank <= best[0]"),),
+        (Edit("bpe_merge", "rank < best[0]", "rank <= best[0]"), CALLS_BPE_MERGE),
         # Ties come from runs of one character: the long runs of the encode_ordinary test show them.
         {"test_bpe_merge": "merge the first (leftmost) one", "test_encode_ordinary": USES_BPE},
     ),
@@ -245,7 +262,7 @@ def _merge_parts(parts: list[bytes], ranks: dict[bytes, int]) -> list[bytes]:
         return parts
     _, i = min(pairs)
     return _merge_parts(parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:], ranks)
-"""),),
+"""), CALLS_BPE_MERGE),
         {"test_bpe_merge": "recursion limit", "test_encode_ordinary": USES_BPE},
     ),
     Mutant(
@@ -554,7 +571,27 @@ CHECKED_DECODE_BYTES = """\
         return b"".join(self.vocab[i] for i in ids)
 """
 
+# The optional fast merge as released: a learner who skips it leaves the cell as it is.
+UNWRITTEN_FAST_MERGE = '''\
+#| export
+def bpe_merge_fast(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
+    """The parts ``bpe_merge`` gives, in about n log n steps for a piece of n bytes instead of n * n.
+
+    The parts are a linked list over the piece's bytes and the pairs that can merge wait in a priority queue, so a
+    merge changes two links and queues at most two new pairs, instead of looking at every pair again.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError()
+'''
+
 VARIANTS = [
+    Variant(
+        "required-only",
+        "the required exercises only: the optional bpe_merge_fast left as released (raise NotImplementedError()), "
+        "the Tokenizer calling the learner's bpe_merge",
+        cells={"bpe_merge_fast": UNWRITTEN_FAST_MERGE},
+        edits=(CALLS_BPE_MERGE,),
+    ),
     Variant(
         "minbpe-no-cache",
         "minbpe: merge every occurrence of the best pair per pass; encode_ordinary without a cache",
