@@ -249,12 +249,15 @@ def lab(tmp_path_factory):
     import urllib.request
 
     home = tmp_path_factory.mktemp("lab")
+    # JupyterLab writes checkpoints beside what it opens: it serves a copy of the page, not the checkout.
+    (home / "root" / "book").mkdir(parents=True)
+    shutil.copy(ROOT / "book" / "01-tokens.md", home / "root" / "book")
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
            "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
     port = 20000 + (os.getpid() + 7) % 20000
     server = subprocess.Popen([str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", "--allow-root",
                                f"--port={port}", "--port-retries=0", "--ServerApp.token=t",
-                               f"--ServerApp.root_dir={ROOT}"],
+                               f"--ServerApp.root_dir={home / 'root'}"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(120):
