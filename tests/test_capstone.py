@@ -79,7 +79,7 @@ def test_released_stubs_are_not_written_yet_and_nothing_crashes(tmp_path):
 #  the pieces that wait for it)
 MUTANTS = {
     "merges in the wrong order": (
-        "tokens", "rank < best[0]", "rank > best[0]",
+        "tokens", "rank = heapq.heappop(queue)", "rank = queue.pop(queue.index(max(queue)))",
         "tokenizer", "encodes to", ()),
     "no causal mask": (
         "attention", "y, _ = attention(q, k, v, causal_mask(T, device=x.device))", "y, _ = attention(q, k, v)",

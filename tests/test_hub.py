@@ -52,7 +52,8 @@ MISTAKE = next(m for m in MUTANTS if m.key == "bpe-highest-rank")
 ANSWERS = {RIGHT: reference_sources(CHAPTER),
            WRONG: {**reference_sources(CHAPTER), **apply_edits(CHAPTER, MISTAKE.edits)}}
 # How a learner finds each exercise cell in the notebook: a line of its stub.
-CELLS = {"pre_split": "def pre_split(", "bpe_merge": "def bpe_merge(", "tokenizer": "class Tokenizer:",
+CELLS = {"pre_split": "def pre_split(", "bpe_merge": "def bpe_merge(", "bpe_merge_fast": "def bpe_merge_fast(",
+         "tokenizer": "class Tokenizer:",
          "train_bpe": "def train_bpe("}
 PROXY = ROOT / "tools" / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 CHROMEDRIVER = "/usr/bin/chromedriver"
