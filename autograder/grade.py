@@ -32,12 +32,14 @@ import concurrent.futures
 import copy
 import csv
 import dataclasses
+import datetime
 import hashlib
 import html
 import importlib
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -65,6 +67,7 @@ MAX_SUBMISSION = 20 * 1024 * 1024  # bytes of a notebook handed in
 # names the page that the learner's `fetch_feedback` looks for).
 EXCHANGE_RECEIPT = ("timestamp.txt", "submission_secret.txt")
 MAX_RECEIPT = 4096  # bytes of each receipt file
+RECEIPT_SECRET = re.compile(r"[0-9a-f]{32,256}")  # nbgrader writes secrets.token_hex(64)
 DEFAULT_TIMEOUT = 900  # seconds for one notebook, start to end
 DEFAULT_MEMORY = "4G"  # all of one notebook's processes together, and each one's address space
 DEFAULT_CELL_TIMEOUT = 120  # the course's nbgrader setting (autograder/nbgrader_config.py)
@@ -253,17 +256,80 @@ def class_submissions(class_dir: Path, wanted: list[str], known: list[str]) -> l
     return [Submission(s.name, ch, found.get((s.name, ch))) for s in students for ch in chapters]
 
 
-def exchange_receipt(s: Submission) -> dict[str, bytes]:
-    """The files of nbgrader's exchange beside a notebook laid out `<student>/<chapter>/<chapter>.ipynb` (as `nbgrader
-    collect` leaves it), read like the notebook itself: regular files only, small ones."""
-    if s.path is None or s.path.parent.name != s.chapter:
-        return {}
-    found = {}
-    for name in EXCHANGE_RECEIPT:
-        data = read_submission(s.path.parent / name)
-        if isinstance(data, bytes) and len(data) <= MAX_RECEIPT:
-            found[name] = data
-    return found
+def exchange_receipt(s: Submission) -> tuple[dict[str, bytes], dict[str, bytes], str]:
+    """nbgrader's exchange receipt for a notebook: (the files of it that came with the notebook and are nbgrader's,
+    the receipt to keep beside it, a note for the review list).
+
+    The receipt is read beside a notebook laid out `<student>/<chapter>/<chapter>.ipynb` (as `nbgrader collect`
+    leaves it), like the notebook itself: regular files only, small ones. The learner wrote these files, so each is
+    checked: a timestamp that nbgrader cannot parse, or a secret that is not the hex text nbgrader writes, would stop
+    `nbgrader release_feedback` (and a stock `generate_feedback`) for the whole class. What is missing or not
+    nbgrader's is made up (the notebook's modification time, a new random secret), so the class's feedback can always
+    be released; the learner's `fetch_feedback` then finds none for a receipt that was replaced.
+    """
+    found, bad = {}, []
+    if s.path is not None and s.path.parent.name == s.chapter:
+        for name in EXCHANGE_RECEIPT:
+            path = s.path.parent / name
+            if not os.path.lexists(path):
+                continue
+            content = read_receipt(path)
+            why = content if isinstance(content, str) else receipt_problem(name, content)
+            if why:
+                bad.append(f"{name}: {why}")
+            else:
+                found[name] = content
+    kept = dict(found)
+    if "timestamp.txt" not in kept:
+        when = datetime.datetime.fromtimestamp(os.lstat(s.path).st_mtime, datetime.timezone.utc) if s.path else (
+            datetime.datetime.now(datetime.timezone.utc))
+        kept["timestamp.txt"] = when.strftime("%Y-%m-%d %H:%M:%S.%f UTC").encode()
+    if "submission_secret.txt" not in kept:
+        kept["submission_secret.txt"] = secrets.token_hex(64).encode()  # as nbgrader makes one (not in the digest)
+    note = ""
+    if bad:
+        note = (f"its exchange receipt is not nbgrader's ({'; '.join(bad)}): replaced, so the learner's "
+                "`nbgrader fetch_feedback` will not find its feedback")
+    return found, kept, note
+
+
+def read_receipt(path: Path) -> bytes | str:
+    """The bytes of a receipt file, or why they are not taken (a link, not a regular file, too big)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        return "a symbolic link" if err.errno == 40 else f"cannot be read ({err.strerror})"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file"
+        if info.st_size > MAX_RECEIPT:
+            return f"{info.st_size} bytes, more than a receipt can be ({MAX_RECEIPT})"
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_RECEIPT + 1)
+    finally:
+        os.close(fd)
+
+
+def receipt_problem(name: str, content: bytes) -> str:
+    """Why a receipt file is not one nbgrader wrote ('' when it is)."""
+    if len(content) > MAX_RECEIPT:
+        return f"more than {MAX_RECEIPT} bytes, more than a receipt can be"
+    try:
+        text = content.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return "not text"
+    if name == "submission_secret.txt":
+        return "" if RECEIPT_SECRET.fullmatch(text) else "not the hex text nbgrader writes"
+    if not text:
+        return "empty"
+    from nbgrader.utils import parse_utc
+
+    try:
+        parse_utc(text)
+    except Exception:  # noqa: BLE001 (dateutil raises several kinds)
+        return "not a timestamp nbgrader can read"
+    return ""
 
 
 def read_submission(path: Path) -> bytes | str:
@@ -749,7 +815,7 @@ def _clean_output(o) -> nbformat.NotebookNode | None:
 def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, submitted: bytes,
            receipt: dict[str, bytes] | None = None) -> None:
     """Put one run's grades into the workspace's gradebook with nbgrader's own SaveAutoGrades, and its
-    notebooks where nbgrader keeps them (submitted/, with the exchange's receipt if it came with one; autograded/)."""
+    notebooks where nbgrader keeps them (submitted/, with its exchange receipt; autograded/)."""
     from nbgrader.api import Gradebook
     from nbgrader.preprocessors import LimitOutput, SaveAutoGrades
 
@@ -1052,10 +1118,10 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if isinstance(data, str):
             finish(s, Result(s.student, s.chapter, "unreadable", detail=data), None)
             continue
-        receipt = exchange_receipt(s)
+        found, receipt, receipt_note = exchange_receipt(s)
         # a notebook handed in again through the exchange is a new submission (a new secret): graded again, so that
         # its feedback is released under its own receipt
-        digest = hashlib.sha256(data + b"".join(receipt[name] for name in sorted(receipt))).hexdigest()
+        digest = hashlib.sha256(data + b"".join(found[name] for name in sorted(found))).hexdigest()
         cached = reuse(ws, s, digest, isolation)
         if cached is not None:
             finish(s, cached, digest)
@@ -1069,7 +1135,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if why:
             finish(s, Result(s.student, s.chapter, "wrong-notebook", detail=why), digest)
             continue
-        notes = review_notes(nb, released[s.chapter])
+        notes = review_notes(nb, released[s.chapter]) + ([receipt_note] if receipt_note else [])
         try:
             prepared = sanitize(nb, ws, s)
         except Exception as err:  # noqa: BLE001 (nbgrader refuses what it cannot read)

@@ -524,3 +524,71 @@ def test_review_notes_flag_nothing_in_right_answers():
                     if "nbgrader" in c.metadata}
         for key, cells in [("reference", {})] + [(v.key, apply_edits(ch, v.edits, v.cells)) for v in module.VARIANTS]:
             assert grade.review_notes(learner_notebook(ch, cells), released) == [], (ch, key)
+
+
+@pytest.mark.slow
+def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is_released(course, solution_run,
+                                                                                          tmp_path):
+    """`nbgrader collect` copies whatever a learner's exchange folder holds, so the receipt beside a notebook
+    (timestamp.txt, submission_secret.txt) is the learner's to write: a link to a file only the instructor may
+    read, bytes that are not text, a huge file, a pipe. None of it is followed or kept; each such learner is on
+    the review list, and nbgrader's own `release_feedback` then releases the whole class's feedback."""
+    import os
+    import secrets
+    import subprocess
+
+    from nbgrader.utils import notebook_hash
+
+    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+    class_dir = tmp_path / "class"
+    private = tmp_path / "instructor-only.txt"
+    private.write_text(secrets.token_hex(64))  # a valid secret: kept if the link were followed
+    private.chmod(0o600)
+    when = b"2026-11-20 10:00:00.000000 UTC"
+    good = secrets.token_hex(64).encode()
+    receipts = {
+        "good": {"timestamp.txt": when, "submission_secret.txt": good},
+        "linked": {"timestamp.txt": when, "submission_secret.txt": private},
+        "binary": {"timestamp.txt": b"next tuesday", "submission_secret.txt": b"\xff\xfe" * 64},
+        "huge": {"timestamp.txt": when, "submission_secret.txt": b"a" * 10_000_000},
+        "pipe": {"timestamp.txt": when, "submission_secret.txt": None},
+        "none": {},
+    }
+    for student, files in receipts.items():
+        folder = class_dir / student / CHAPTER
+        folder.mkdir(parents=True)
+        nbformat.write(learner_copy(released, "return a + b\n"), folder / f"{CHAPTER}.ipynb")
+        for name, content in files.items():
+            if content is None:
+                os.mkfifo(folder / name)
+            elif isinstance(content, Path):
+                (folder / name).symlink_to(content)
+            else:
+                (folder / name).write_bytes(content)
+    workdir = tmp_path / "workspace"
+    out = tmp_path / "r.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grade.main(["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks",
+                           "--workdir", str(workdir), "--json", str(out), "--quiet"]) == 0
+    results = {r["student"]: r for r in json.loads(out.read_text())["results"]}
+    assert {s: (r["status"], r["score"]) for s, r in results.items()} == {s: ("graded", 3) for s in receipts}
+    for student in ("linked", "binary", "huge", "pipe"):
+        [note] = [n for n in results[student]["review"] if "receipt" in n]
+        assert "submission_secret.txt: " in note and "fetch_feedback" in note, note
+    assert "a symbolic link" in results["linked"]["review"][-1]
+    assert "timestamp.txt: not a timestamp" in results["binary"]["review"][-1]
+    assert not results["good"]["review"] and not results["none"]["review"]
+    kept = {p.read_bytes() for p in workdir.rglob("submission_secret.txt")}
+    assert private.read_bytes() not in kept and good in kept
+
+    # the instructor's next step, stock nbgrader: every learner's page is released, the good one where the
+    # learner's fetch_feedback looks for it (named from the secret it keeps)
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", "release_feedback", CHAPTER,
+                           f"--Exchange.root={exchange}", "--CourseDirectory.course_id=demo"],
+                          cwd=workdir, env=grade.nbgrader_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pages = {p.name for p in (exchange / "demo" / "feedback").iterdir()}
+    assert len(pages) == len(receipts), pages
+    assert f"{notebook_hash(secret=good.decode(), notebook_id=CHAPTER)}.html" in pages

@@ -228,7 +228,9 @@ def test_nothing_of_the_checks_shows_in_outputs_messages_or_feedback(batch, stud
 
 def test_tampering_reaches_nothing_outside_the_sandbox(batch):
     text = outputs(batch, "tamper")
-    line = next(line for line in text.splitlines() if line.startswith("PROBE tamper:"))
+    lines = [line for line in text.splitlines() if line.startswith("PROBE tamper:")]
+    assert lines, f"the probe printed nothing: {text[-1500:]}"  # (it ran past the cell's time limit, once)
+    line = lines[0]
     assert "wrote []" in line, line
     # the shipped model is in the sandbox's view (the demos load it), and stays unwritten
     assert "PROBE tamper-model: found 1" in text, text[-2000:]

@@ -233,13 +233,16 @@ with socket.socket(socket.AF_UNIX) as s:  # and a second judgement of a cell, wi
 # Every path this process can see whose name matches (the whole file system, but /proc, /sys and /dev).
 EVERYWHERE = r'''
 import fnmatch, os
+_files = []
 def everywhere(pattern):
-    found = []
-    for folder, dirs, files in os.walk("/", followlinks=False):
-        if folder == "/":
-            dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
-        found += [os.path.join(folder, f) for f in files if fnmatch.fnmatch(os.path.join(folder, f), pattern)]
-    return found
+    # one walk of the whole tree, then every pattern against that list: a walk per pattern ran past the cell's
+    # time limit on a busy 2-core machine (and the probe then printed nothing)
+    if not _files:
+        for folder, dirs, files in os.walk("/", followlinks=False):
+            if folder == "/":
+                dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
+            _files.extend(os.path.join(folder, f) for f in files)
+    return [path for path in _files if fnmatch.fnmatch(path, pattern)]
 '''
 SNOOP = EVERYWHERE + r'''
 import json, os, pathlib, sqlite3
@@ -306,7 +309,8 @@ for pattern in ("*/autograder/*.py", "*/autograder/*/*.py", "*.ipynb", "*/result
         except OSError:
             pass
 print("PROBE tamper: wrote", written)
-print("PROBE tamper-model: found", len(everywhere("*/src/coursekit/data/models/*/model.safetensors")))
+print("PROBE tamper-model: found", len([p for p in everywhere("*/src/coursekit/data/models/*/model.safetensors")
+                                         if os.path.isfile(p)]))  # (the listing predates the removals)
 '''
 SIGNALS = r'''
 import os, signal
