@@ -5,8 +5,10 @@ and prints a markdown table. These are measurements, not tests: the tests check 
 Each checks that what it times gives the same answer both ways before it prints a number.
 
 The model benchmarks run on the course's small trained model and on a model of GPT-2 small's shape (124M
-parameters, random weights: speed does not depend on the values), float32, batch 1, with torch's default
-number of threads. ``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code,
+parameters, random weights: speed does not depend on the values), float32 on both sides, batch 1, with torch's
+default number of threads. Where two sides are compared, they take turns within each round (interleaved) and the
+tables print the median round and the spread, with the machine's load average: a shared machine is slower at
+times, and a fair comparison slows both sides alike. Figures computed rather than measured say "estimated". ``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code,
 not a measurement.
 """
 from __future__ import annotations
@@ -37,19 +39,36 @@ def best_of(fn, repeat: int = 3, budget_s: float | None = None) -> tuple[float, 
     return min(times), result
 
 
-def interleaved(contenders: dict, rounds: int) -> dict[str, tuple[list[float], object]]:
+def interleaved(contenders: dict, rounds: int, budget_s: float | None = None) -> dict[str, tuple[list[float], object]]:
     """{name: (seconds of each round, the last result)}. The contenders take turns within each round, so that a
     stretch of time in which the machine is slower (other work on a shared machine) slows all of them alike. A
-    contender is a function that prepares one run, untimed (a new tokenizer, say), and returns it."""
+    contender is a function that prepares one run, untimed (a new tokenizer, say), and returns it. With
+    ``budget_s``, no new round starts once the rounds so far took that long (fewer rounds, at least one)."""
     times = {name: [] for name in contenders}
     results = {}
     for _ in range(rounds):
+        if budget_s is not None and sum(map(sum, times.values())) >= budget_s:
+            break
         for name, prepare in contenders.items():
             run = prepare()
             start = time.perf_counter()
             results[name] = run()
             times[name].append(time.perf_counter() - start)
     return {name: (times[name], results[name]) for name in contenders}
+
+
+def median_spread(times: list[float], scale: float = 1.0, digits: int = 3) -> tuple[str, str]:
+    """The median and the min-max of ``times`` (times ``scale``), formatted for a table."""
+    import statistics
+
+    return (f"{statistics.median(times) * scale:.{digits}f}",
+            f"{min(times) * scale:.{digits}f}-{max(times) * scale:.{digits}f}")
+
+
+def load_average() -> str:
+    """The machine's load (1, 5, 15 minutes): how busy it was while a table was measured."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
 def _random_letters(n: int) -> str:
@@ -68,6 +87,7 @@ def bench_bpe(repeat: int) -> list[str]:
     import coursekit
     from minigpt.tokens import GPT2_SPECIAL_TOKENS, Tokenizer, load_gpt2_ranks
 
+    load = load_average()
     ranks = load_gpt2_ranks()
     enc = coursekit.gpt2_encoding()
     corpus = coursekit.shakespeare()
@@ -119,7 +139,7 @@ def bench_bpe(repeat: int) -> list[str]:
                         f"{target} | {met} |")
     if not same:
         raise SystemExit("bpe: the reference tokenizer's ids differ from tiktoken's; fix that before timing it")
-    return [f"identical ids: {same} (every input, every encoder).", ""] + rows
+    return [f"identical ids: {same} (every input, every encoder). Before: {load}; after: {load_average()}.", ""] + rows
 
 
 # ---------------------------------------------------------------- the KV cache (chapter 7)
@@ -179,9 +199,12 @@ def _prompt(model, n: int) -> list[int]:
 def _step_times(model, positions: list[int], repeat: int,
                without: bool = True) -> list[tuple[int, float, float, float]]:
     """(position, seconds of a decode step with the cache, without it, largest logit difference) at each
-    position: the step that computes the token after ``position`` tokens. With the cache: one token through
+    position: the step that computes the token after ``position`` tokens; the median of rounds in which the two
+    take turns. With the cache: one token through
     forward_with_cache onto a cache of ``position`` positions. Without: chapter 5's step, the whole window
     (``without=False``: not measured, nan)."""
+    import statistics
+
     import torch
 
     from minigpt.kv_cache import KVCache, forward_with_cache
@@ -196,12 +219,17 @@ def _step_times(model, positions: list[int], repeat: int,
             cache.keys, cache.values = [k[:, :, :p] for k in full.keys], [v[:, :, :p] for v in full.values]
             return forward_with_cache(model, ids[:, p:p + 1], cache)[0, -1]
 
-        t_cached, cached = best_of(step, repeat, STEP_BUDGET_S)
+        def plain_step():
+            with torch.no_grad():
+                return model(ids[:, :p + 1])[0, -1]
+
+        contenders = {"cached": lambda: step} | ({"plain": lambda: plain_step} if without else {})
+        measured = interleaved(contenders, repeat, STEP_BUDGET_S)
+        t_cached, cached = statistics.median(measured["cached"][0]), measured["cached"][1]
         t_plain, diff = float("nan"), float("nan")
         if without:
-            with torch.no_grad():
-                t_plain, plain = best_of(lambda: model(ids[:, :p + 1])[0, -1], repeat, STEP_BUDGET_S)
-            diff = (cached - plain).abs().max().item()
+            t_plain = statistics.median(measured["plain"][0])
+            diff = (cached - measured["plain"][1]).abs().max().item()
         rows.append((p, t_cached, t_plain, diff))
     return rows
 
@@ -233,8 +261,9 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
     """Decode steps with and without the KV cache, against position; whole generations."""
     import torch
 
-    rows = [f"torch threads: {torch.get_num_threads()}; float32, batch 1; each step the best of {repeat} runs (of "
-            f"fewer once they took {STEP_BUDGET_S:.0f} s). A step "
+    rows = [f"torch threads: {torch.get_num_threads()}; float32, batch 1; each step the median of {repeat} rounds "
+            f"(fewer once they took {STEP_BUDGET_S:.0f} s) in which the step with and without the cache take turns; "
+            f"{load_average()} before. A step "
             "\"at position p\" computes the token after p tokens: with the cache, one new token through "
             "forward_with_cache; without, chapter 5's forward pass over the whole window.", ""]
     for name in _model_names(quick):
@@ -271,6 +300,8 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
 
 def bench_generate(repeat: int, quick: bool = False) -> list[str]:
     """The reference's generation with its KV cache against Hugging Face generate (greedy, use_cache=True)."""
+    import statistics
+
     import torch
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging
@@ -280,19 +311,24 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    rows = [f"Greedy, the same weights, a prompt of 16 tokens, float32, batch 1, torch threads: "
-            f"{torch.get_num_threads()}; the best of {repeat} runs (of fewer once they took {RUN_BUDGET_S:.0f} s); "
-            "without the cache, one run.", "",
-            "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | "
-            "HF generate, use_cache=True (tok/s) | HF speed / minigpt's cached | identical ids |",
-            "|---|---:|---:|---:|---:|---:|---|"]
+    rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each "
+            f"parameter checked), a prompt of 16 tokens, batch 1, torch threads: {torch.get_num_threads()}. "
+            f"{repeat} rounds in which the two take turns (interleaved, so that a slower stretch of a shared machine "
+            "slows both); tokens/s of the median round, min-max of the rounds beside it. Without the cache: one "
+            f"run. Before: {load_average()}.", "",
+            "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | min-max | "
+            "HF generate, use_cache=True (tok/s) | min-max | HF speed / minigpt's cached | identical ids |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name in _model_names(quick):
         model = _model(name)[0]
         n_new = {"tiny": 32, "shipped": 200, "gpt2-small-shape": 64}[name]
         prompt = _prompt(model, 16)
         with tempfile.TemporaryDirectory() as folder:
             model.save_pretrained(folder)
-            hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+            hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
+        dtypes = {p.dtype for p in [*hf.parameters(), *model.parameters()]}
+        if dtypes != {torch.float32}:
+            raise SystemExit(f"generate: {name}: the two models are not both float32 ({sorted(map(str, dtypes))})")
         idx = torch.tensor([prompt])
 
         def hf_run():
@@ -301,15 +337,21 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
                                   do_sample=False, num_beams=1, use_cache=True, pad_token_id=0, eos_token_id=None)
             return out[0, len(prompt):].tolist()
 
-        t_hf, hf_ids = best_of(hf_run, repeat, RUN_BUDGET_S)
-        t_cached, cached = best_of(lambda: list(token_stream(CachedModel(model), prompt, n_new)), repeat, RUN_BUDGET_S)
+        measured = interleaved({"hf": lambda: hf_run,
+                                "cached": lambda: lambda: list(token_stream(CachedModel(model), prompt, n_new))},
+                               repeat)
+        (hf_times, hf_ids), (cached_times, cached) = measured["hf"], measured["cached"]
         t_plain, plain = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
         same = hf_ids == cached == plain
         if not same:
             raise SystemExit(f"generate: {name}: minigpt's greedy ids differ from Hugging Face's")
-        rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {n_new / t_cached:.1f} | "
-                    f"{n_new / t_hf:.1f} | {t_cached / t_hf:.2f}x | {same} |")
-    return rows
+        speed = [n_new / t for t in cached_times]
+        hf_speed = [n_new / t for t in hf_times]
+        rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {statistics.median(speed):.1f} | "
+                    f"{min(speed):.1f}-{max(speed):.1f} | {statistics.median(hf_speed):.1f} | "
+                    f"{min(hf_speed):.1f}-{max(hf_speed):.1f} | "
+                    f"{statistics.median(cached_times) / statistics.median(hf_times):.2f}x | {same} |")
+    return rows + ["", f"After: {load_average()}."]
 
 
 def _copy_bandwidth(repeat: int, nbytes: int) -> float:
@@ -333,7 +375,7 @@ def bench_bandwidth(repeat: int, quick: bool = False) -> list[str]:
     rows = [f"Memory bandwidth, measured: {bandwidth / 1e9:.1f} GB/s (torch copy of {size // MiB} MiB, read + "
             f"write, best of {repeat}). Bytes a decode step reads: the parameters (the tied token table once) and "
             "the KV cache at that position.", "",
-            "| model | position | step (ms) | bytes read (MiB) | achieved (GB/s) | share of bandwidth |",
+            "| model | position | step (ms, median) | bytes read (MiB) | achieved (GB/s) | share of bandwidth |",
             "|---|---:|---:|---:|---:|---:|"]
     for name in _model_names(quick):
         model, positions, _ = _model(name)

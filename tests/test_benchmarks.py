@@ -32,6 +32,9 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     hf_row = next(line for line in text.splitlines() if line.startswith("| tiny random GPT") and "| 32 |" in line)
     assert hf_row.endswith("| True |")  # minigpt's greedy ids, cached and not, equal Hugging Face generate's
     assert "Memory bandwidth, measured:" in text and text.count("| tiny random GPT |") == 2
+    # fair comparisons: both sides float32, turns within rounds, the spread and the machine's load printed
+    assert "both in float32" in text and "(interleaved" in text and "take turns" in text
+    assert "| min-max | HF generate" in text and text.count("load average") >= 3
     assert "Traceback" not in out.stderr
 
 
