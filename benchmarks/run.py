@@ -197,22 +197,25 @@ def _prompt(model, n: int) -> list[int]:
 
 
 def _step_times(model, positions: list[int], repeat: int,
-               without: bool = True) -> list[tuple[int, float, float, float]]:
+               without: bool = True) -> list[tuple[int, float, float, float, float]]:
     """(position, seconds of a decode step with the cache, without it, largest logit difference) at each
-    position: the step that computes the token after ``position`` tokens; the median of rounds in which the two
-    take turns. With the cache: one token through
+    position, and of the step with chapter 7's optional StaticKVCache (written in place) last: the step that
+    computes the token after ``position`` tokens; the median of rounds in which they take turns. With the cache: one token through
     forward_with_cache onto a cache of ``position`` positions. Without: chapter 5's step, the whole window
     (``without=False``: not measured, nan)."""
     import statistics
 
     import torch
 
-    from minigpt.kv_cache import KVCache, forward_with_cache
+    from minigpt.kv_cache import KVCache, StaticKVCache, forward_with_cache
 
     ids = torch.tensor([_prompt(model, max(positions) + 1)])
     full = KVCache(model.config.n_layer)
     forward_with_cache(model, ids[:, :max(positions)], full)  # one prefill, not timed; its first p positions
-    rows = []                                                 # are the cache of any p (causality)
+    static = StaticKVCache(model.config, max(positions) + 1)  # are the cache of any p (causality)
+    for layer in range(model.config.n_layer):
+        static.append(layer, full.keys[layer], full.values[layer])
+    rows = []
     for p in positions:
         def step():
             cache = KVCache(model.config.n_layer)
@@ -223,14 +226,19 @@ def _step_times(model, positions: list[int], repeat: int,
             with torch.no_grad():
                 return model(ids[:, :p + 1])[0, -1]
 
-        contenders = {"cached": lambda: step} | ({"plain": lambda: plain_step} if without else {})
+        def static_step():
+            static.filled = [p] * model.config.n_layer  # (it writes position p again: the same keys and values)
+            return forward_with_cache(model, ids[:, p:p + 1], static)[0, -1]
+
+        contenders = {"cached": lambda: step, "static": lambda: static_step} | (
+            {"plain": lambda: plain_step} if without else {})
         measured = interleaved(contenders, repeat, STEP_BUDGET_S)
         t_cached, cached = statistics.median(measured["cached"][0]), measured["cached"][1]
-        t_plain, diff = float("nan"), float("nan")
+        t_plain, diff = float("nan"), (cached - measured["static"][1]).abs().max().item()
         if without:
             t_plain = statistics.median(measured["plain"][0])
-            diff = (cached - measured["plain"][1]).abs().max().item()
-        rows.append((p, t_cached, t_plain, diff))
+            diff = max(diff, (cached - measured["plain"][1]).abs().max().item())
+        rows.append((p, t_cached, t_plain, diff, statistics.median(measured["static"][0])))
     return rows
 
 
@@ -275,8 +283,9 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
             raise SystemExit(f"kv-cache: the cached step's logits differ from the uncached one's by {worst:.1e}")
         rows += [f"### {_describe(name)}", "",
                  f"Decode step against position (largest logit difference, cache vs none: {worst:.1e}).", "",
-                 "| position | with cache (ms) | without (ms) | without / with |", "|---:|---:|---:|---:|"]
-        rows += [f"| {p} | {c * 1e3:.2f} | {n * 1e3:.2f} | {n / c:.1f}x |" for p, c, n, _ in steps]
+                 "| position | with cache (ms) | without (ms) | without / with | with StaticKVCache (ms) |",
+                 "|---:|---:|---:|---:|---:|"]
+        rows += [f"| {p} | {c * 1e3:.2f} | {n * 1e3:.2f} | {n / c:.1f}x | {st * 1e3:.2f} |" for p, c, n, _, st in steps]
         rows += ["", f"Writing N new tokens after a one-token prompt (window {block}: past it, every step of "
                      "CachedModel prefills the slid window).", "",
                  "| new tokens | with cache (s) | without (s) | speedup | how | identical ids |",
@@ -307,18 +316,19 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
     from transformers.utils import logging
 
     from minigpt.generation import token_stream
-    from minigpt.kv_cache import CachedModel
+    from minigpt.kv_cache import CachedModel, FastCachedModel
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each "
             f"parameter checked), a prompt of 16 tokens, batch 1, torch threads: {torch.get_num_threads()}. "
-            f"{repeat} rounds in which the two take turns (interleaved, so that a slower stretch of a shared machine "
-            "slows both); tokens/s of the median round, min-max of the rounds beside it. Without the cache: one "
+            f"{repeat} rounds in which the three take turns (interleaved, so that a slower stretch of a shared "
+            "machine slows all alike); tokens/s of the median round, min-max of the rounds beside it. Without the cache: one "
             f"run. Before: {load_average()}.", "",
             "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | min-max | "
-            "HF generate, use_cache=True (tok/s) | min-max | HF speed / minigpt's cached | identical ids |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "minigpt + FastCachedModel (tok/s) | min-max | HF generate, use_cache=True (tok/s) | min-max | "
+            "HF speed / minigpt's (CachedModel, Fast) | identical ids |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name in _model_names(quick):
         model = _model(name)[0]
         n_new = {"tiny": 32, "shipped": 200, "gpt2-small-shape": 64}[name]
@@ -337,20 +347,21 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
                                   do_sample=False, num_beams=1, use_cache=True, pad_token_id=0, eos_token_id=None)
             return out[0, len(prompt):].tolist()
 
-        measured = interleaved({"hf": lambda: hf_run,
-                                "cached": lambda: lambda: list(token_stream(CachedModel(model), prompt, n_new))},
-                               repeat)
-        (hf_times, hf_ids), (cached_times, cached) = measured["hf"], measured["cached"]
+        measured = interleaved({
+            "hf": lambda: hf_run,
+            "cached": lambda: lambda: list(token_stream(CachedModel(model), prompt, n_new)),
+            "fast": lambda: lambda: list(token_stream(FastCachedModel(model), prompt, n_new))}, repeat)
         t_plain, plain = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
-        same = hf_ids == cached == plain
+        same = all(ids == plain for _, ids in measured.values())
         if not same:
             raise SystemExit(f"generate: {name}: minigpt's greedy ids differ from Hugging Face's")
-        speed = [n_new / t for t in cached_times]
-        hf_speed = [n_new / t for t in hf_times]
-        rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {statistics.median(speed):.1f} | "
-                    f"{min(speed):.1f}-{max(speed):.1f} | {statistics.median(hf_speed):.1f} | "
-                    f"{min(hf_speed):.1f}-{max(hf_speed):.1f} | "
-                    f"{statistics.median(cached_times) / statistics.median(hf_times):.2f}x | {same} |")
+        speeds = {key: [n_new / t for t in times] for key, (times, _) in measured.items()}
+        cells = [f"{statistics.median(v):.1f} | {min(v):.1f}-{max(v):.1f}" for v in
+                 (speeds["cached"], speeds["fast"], speeds["hf"])]
+        hf_time = statistics.median(measured["hf"][0])
+        ratios = ", ".join(f"{statistics.median(measured[key][0]) / hf_time:.2f}x" for key in ("cached", "fast"))
+        rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {' | '.join(cells)} | {ratios} | "
+                    f"{same} |")
     return rows + ["", f"After: {load_average()}."]
 
 
@@ -380,7 +391,7 @@ def bench_bandwidth(repeat: int, quick: bool = False) -> list[str]:
     for name in _model_names(quick):
         model, positions, _ = _model(name)
         params = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
-        for p, t_cached, _, _ in _step_times(model, [positions[0], positions[-1]], repeat, without=False):
+        for p, t_cached, _, _, _ in _step_times(model, [positions[0], positions[-1]], repeat, without=False):
             read = params + kv_cache_bytes(model.config, p)
             rows.append(f"| {_describe(name).split(' (')[0]} | {p} | {t_cached * 1e3:.2f} | {read / MiB:.1f} | "
                         f"{read / t_cached / 1e9:.2f} | {read / t_cached / bandwidth:.0%} |")

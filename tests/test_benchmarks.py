@@ -25,7 +25,7 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     text = out.stdout
     for title in ("## kv-cache:", "## generate:", "## bandwidth:"):
         assert text.count(title) == 1, title
-    assert "| position | with cache (ms) | without (ms) | without / with |" in text
+    assert "| position | with cache (ms) | without (ms) | without / with | with StaticKVCache (ms) |" in text
     assert "| new tokens | with cache (s) | without (s) | speedup | how | identical ids |" in text
     generations = [line for line in text.splitlines() if "measured (token_stream" in line]
     assert len(generations) == 2 and all(line.endswith("| True |") for line in generations)
@@ -34,7 +34,7 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     assert "Memory bandwidth, measured:" in text and text.count("| tiny random GPT |") == 2
     # fair comparisons: both sides float32, turns within rounds, the spread and the machine's load printed
     assert "both in float32" in text and "(interleaved" in text and "take turns" in text
-    assert "| min-max | HF generate" in text and text.count("load average") >= 3
+    assert "| minigpt + FastCachedModel (tok/s) | min-max | HF generate" in text and text.count("load average") >= 3
     assert "Traceback" not in out.stderr
 
 

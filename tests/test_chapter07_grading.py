@@ -11,7 +11,7 @@ from submissions.grading import hidden_check_tests, nbgrader_tests
 
 TEST_CELLS = ["test_kv_cache", "test_attention_with_cache", "test_forward_with_cache", "test_cached_model",
               "test_kv_cache_bytes"]
-SOLUTION_IDS = ["kv_cache", "attention_with_cache", "forward_with_cache", "cached_model", "kv_cache_bytes"]
+SOLUTION_IDS = ["kv_cache", "attention_with_cache", "forward_with_cache", "cached_model", "kv_cache_bytes", "fast_cache"]
 # The mistakes the course most wants caught (keys and values stored wrong, a mask that hides the past, positions
 # that restart, a stale cache, beams sharing a cache), one of each class of issue 12 (a float32 buffer under
 # float64 keys, charged in the three cells that use it; exp overflowing; the shape after a prefill; an eviction

@@ -22,7 +22,8 @@ from autograder.checks import kv_cache as checks
 from autograder.helpers.kv_cache import held_bytes
 from minigpt.attention import CausalSelfAttention
 from minigpt.generation import last_logits, token_stream
-from minigpt.kv_cache import CachedModel, KVCache, attention_with_cache, forward_with_cache, kv_cache_bytes
+from minigpt.kv_cache import (CachedModel, FastCachedModel, KVCache, StaticKVCache, attention_with_cache,
+                              forward_with_cache, kv_cache_bytes)
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
 
@@ -196,6 +197,69 @@ def test_a_new_prompt_gets_a_fresh_cache_and_memory_stays_bounded():
         assert list(token_stream(cm, prompt, 6)) == list(token_stream(model, prompt, 6))
     assert len(cm.caches) <= 4
     assert held_bytes(cm) <= 4 * kv_cache_bytes(model.config, 12)
+
+
+# ---------------------------------------------------------------- the optional fast cache (written in place)
+
+def test_the_static_cache_writes_in_place_and_returns_what_the_growing_cache_returns():
+    config = GPTConfig(vocab_size=30, block_size=10, n_layer=2, n_head=2, n_embd=8)
+    static, growing = StaticKVCache(config, batch=3, dtype=torch.float64), KVCache(2)
+    buffers = (static.keys.data_ptr(), static.values.data_ptr())
+    assert static.keys.shape == (2, 3, 2, 10, 4) and static.length == 0
+    for t in (4, 1, 1, 3):
+        k, v = torch.randn(3, 2, t, 4, dtype=torch.float64), torch.randn(3, 2, t, 4, dtype=torch.float64)
+        for layer in range(2):
+            got, want = static.append(layer, k * (layer + 1), v), growing.append(layer, k * (layer + 1), v)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            assert got[0].data_ptr() == static.keys[layer].data_ptr()  # a view of the buffer, not a copy
+    assert static.length == 9 and (static.keys.data_ptr(), static.values.data_ptr()) == buffers
+    assert static.nbytes() == 2 * 2 * 3 * 2 * 10 * 4 * 8  # all of it, from the start
+    with pytest.raises(ValueError, match="holds 10 positions: 9 written, 2 more do not fit"):
+        static.append(0, torch.zeros(3, 2, 2, 4, dtype=torch.float64), torch.zeros(3, 2, 2, 4, dtype=torch.float64))
+
+
+def test_prefill_and_decode_through_the_static_cache_equal_hugging_face(pair):
+    hf, model = pair
+    idx = torch.randint(0, model.config.vocab_size, (1, model.config.block_size),
+                        generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(idx).logits
+    cache, done = StaticKVCache(model.config), 0
+    for part in chunks_of(idx, [3, 1, 1, 2] + [1] * (idx.shape[1] - 7)):
+        torch.testing.assert_close(forward_with_cache(model, part, cache), want[:, done:done + part.shape[1]],
+                                   atol=ATOL, rtol=0)
+        done += part.shape[1]
+
+
+def test_the_fast_model_generates_what_hugging_face_and_the_growing_cache_generate(pair):
+    hf, model = pair
+    prompt, n = [1, 2, 3], model.config.block_size - 3
+    assert list(token_stream(FastCachedModel(model), prompt, n)) == hf_greedy(hf, prompt, n)
+    far = 3 * model.config.block_size  # past the window: an emptied cache and a prefill per step
+    for sampled in (False, True):
+        def run(m):
+            options = {"choose": Sampler(do_sample=True, seed=5, top_k=40)} if sampled else {}
+            return list(token_stream(m, [7, 3], far, **options))
+        assert run(FastCachedModel(model)) == run(CachedModel(model)), sampled
+
+
+def test_the_fast_model_runs_one_position_per_step_and_reuses_its_memory():
+    torch.manual_seed(2)
+    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    seen = count_positions(model)
+    fast = FastCachedModel(model)
+    list(token_stream(fast, [1, 2, 3], 10))
+    buffer = fast.cache.keys.data_ptr()
+    assert seen == [3, 1, 1, 1, 1, 1, 8, 8, 8, 8]  # as CachedModel: a prefill, steps, then a new window each step
+    seen.clear()
+    assert list(token_stream(fast, [4, 5], 3)) == list(token_stream(model, [4, 5], 3))  # a new prompt
+    assert seen[0] == 2 and fast.cache.keys.data_ptr() == buffer
+
+
+def test_the_shipped_model_with_the_fast_cache_equals_hugging_face_generate(shipped):
+    model, hf = shipped
+    prompt = coursekit.gpt2_encoding().encode("ROMEO:\nBut soft, what light")
+    assert list(token_stream(FastCachedModel(model), prompt, 60)) == hf_greedy(hf, prompt, 60)
 
 
 # ---------------------------------------------------------------- the course's model

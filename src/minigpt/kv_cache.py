@@ -82,3 +82,57 @@ def kv_cache_bytes(config, tokens: int, bytes_per_number: int = 4) -> int:
     """Memory of a KV cache holding ``tokens`` positions of one sequence for a model of this config."""
     head_size = config.n_embd // config.n_head
     return 2 * config.n_layer * config.n_head * head_size * tokens * bytes_per_number
+
+
+class StaticKVCache:
+    """Keys and values of up to ``max_len`` positions, in two tensors made once and written in place."""
+
+    def __init__(self, config, max_len: int | None = None, batch: int = 1, dtype: torch.dtype = torch.float32):
+        self.max_len = config.block_size if max_len is None else max_len
+        shape = (config.n_layer, batch, config.n_head, self.max_len, config.n_embd // config.n_head)
+        self.keys = torch.empty(shape, dtype=dtype)  # (n_layer, B, H, max_len, D)
+        self.values = torch.empty(shape, dtype=dtype)
+        self.filled = [0] * config.n_layer  # positions written, per layer
+
+    @property
+    def length(self) -> int:
+        """Positions stored (in layer 0, which is filled first)."""
+        return self.filled[0]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, H, T_new, D) after the layer's positions so far; return views of all of them."""
+        start = self.filled[layer]
+        end = start + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions: {start} written, {k.shape[2]} more do not fit")
+        self.keys[layer, :, :, start:end] = k
+        self.values[layer, :, :, start:end] = v
+        self.filled[layer] = end
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def nbytes(self) -> int:
+        """Memory held: all of it, from the start."""
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+
+class FastCachedModel:
+    """``CachedModel`` for one sequence at a time (greedy decoding, sampling; not beams): one StaticKVCache."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.config = model, model.config
+        self.cache: StaticKVCache | None = None
+        self.ids: tuple[int, ...] = ()  # the ids whose keys and values the cache holds
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (1, T_new, V) for the positions of idx (1, T) that the cache did not already cover."""
+        ids = tuple(idx[0].tolist())
+        if self.cache is None:
+            dtype = next(self.model.parameters()).dtype
+            self.cache = StaticKVCache(self.config, dtype=dtype)
+        if self.cache.length and ids[:-1] == self.ids:
+            logits = forward_with_cache(self.model, idx[:, -1:], self.cache)
+        else:
+            self.cache.filled = [0] * self.config.n_layer  # emptied, not made again
+            logits = forward_with_cache(self.model, idx, self.cache)
+        self.ids = ids
+        return logits
