@@ -1,0 +1,33 @@
+"""The chapter pages' MyST sources, read without building the book (the build itself is tested in test_site.py)."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted((ROOT / "book").glob("*.md"))
+CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
+HIDING = ("remove-cell", "remove-input", "hide-input")  # tags that keep a cell's code off the page
+
+
+def shown_cells(text: str) -> list[tuple[int, str]]:
+    """(line, source) of each code cell whose code the reader sees."""
+    cells = []
+    for m in CELL.finditer(text):
+        tags = " ".join(re.findall(r"^:?tags:\s*\[(.*?)\]", m.group(1), re.M))  # `:tags:` or a YAML block's
+        if not any(tag in tags for tag in HIDING):
+            cells.append((text[:m.start()].count("\n") + 1, m.group(1)))
+    return cells
+
+
+def test_the_pages_have_code_cells_that_the_reader_sees():
+    assert len(PAGES) >= 10 and all(shown_cells(p.read_text()) for p in PAGES if p.stem != "intro")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_glue_and_the_build_time_asserts_are_in_hidden_cells(page):
+    """A page's numbers are glued and its claims asserted at build (a page shows what it says), in cells the
+    reader does not see: the code on the page is the demo, not its bookkeeping."""
+    shown = [(line, statement.strip()[:70]) for line, source in shown_cells(page.read_text())
+             for statement in source.splitlines() if re.match(r"(glue\(|assert )", statement)]
+    assert not shown, f"{page.name}: move these lines into a cell tagged remove-cell: {shown}"
