@@ -33,6 +33,7 @@ import copy
 import csv
 import dataclasses
 import datetime
+import errno
 import hashlib
 import html
 import importlib
@@ -241,7 +242,10 @@ def class_submissions(class_dir: Path, wanted: list[str], known: list[str]) -> l
     found: dict[tuple[str, str], Path] = {}
     for student_dir in students:
         for ch in known:
-            layouts = [student_dir / f"{ch}.ipynb", student_dir / ch / f"{ch}.ipynb"]
+            # A chapter folder that is a link stands for the notebook: reading it is refused like a linked notebook
+            # (through it, the notebook's own path would follow the link to anywhere, the course's answers included).
+            folder = student_dir / ch
+            layouts = [student_dir / f"{ch}.ipynb", folder if folder.is_symlink() else folder / f"{ch}.ipynb"]
             present = [p for p in layouts if p.is_file() or p.is_symlink()]
             if len(present) > 1:
                 warn(f"{student_dir.name} has both {present[0]} and {present[1]}; grading the first")
@@ -268,7 +272,7 @@ def exchange_receipt(s: Submission) -> tuple[dict[str, bytes], dict[str, bytes],
     be released; the learner's `fetch_feedback` then finds none for a receipt that was replaced.
     """
     found, bad = {}, []
-    if s.path is not None and s.path.parent.name == s.chapter:
+    if s.path.parent.name == s.chapter:
         for name in EXCHANGE_RECEIPT:
             path = s.path.parent / name
             if not os.path.lexists(path):
@@ -281,8 +285,7 @@ def exchange_receipt(s: Submission) -> tuple[dict[str, bytes], dict[str, bytes],
                 found[name] = content
     kept = dict(found)
     if "timestamp.txt" not in kept:
-        when = datetime.datetime.fromtimestamp(os.lstat(s.path).st_mtime, datetime.timezone.utc) if s.path else (
-            datetime.datetime.now(datetime.timezone.utc))
+        when = datetime.datetime.fromtimestamp(os.lstat(s.path).st_mtime, datetime.timezone.utc)
         kept["timestamp.txt"] = when.strftime("%Y-%m-%d %H:%M:%S.%f UTC").encode()
     if "submission_secret.txt" not in kept:
         kept["submission_secret.txt"] = secrets.token_hex(64).encode()  # as nbgrader makes one (not in the digest)
@@ -295,26 +298,12 @@ def exchange_receipt(s: Submission) -> tuple[dict[str, bytes], dict[str, bytes],
 
 def read_receipt(path: Path) -> bytes | str:
     """The bytes of a receipt file, or why they are not taken (a link, not a regular file, too big)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as err:
-        return "a symbolic link" if err.errno == 40 else f"cannot be read ({err.strerror})"
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return "not a regular file"
-        if info.st_size > MAX_RECEIPT:
-            return f"{info.st_size} bytes, more than a receipt can be ({MAX_RECEIPT})"
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_RECEIPT + 1)
-    finally:
-        os.close(fd)
+    return read_regular(path, MAX_RECEIPT, link="a symbolic link",
+                        too_big=lambda size: f"{size} bytes, more than a receipt can be ({MAX_RECEIPT})")
 
 
 def receipt_problem(name: str, content: bytes) -> str:
     """Why a receipt file is not one nbgrader wrote ('' when it is)."""
-    if len(content) > MAX_RECEIPT:
-        return f"more than {MAX_RECEIPT} bytes, more than a receipt can be"
     try:
         text = content.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -335,20 +324,25 @@ def receipt_problem(name: str, content: bytes) -> str:
 def read_submission(path: Path) -> bytes | str:
     """The bytes of a handed-in notebook, or why they cannot be taken: only a regular file, never a link (it
     could point at another learner's work or the course's answers), and not a huge one."""
+    return read_regular(path, MAX_SUBMISSION, link="a symbolic link, not a notebook file (hand in the file itself)",
+                        too_big=lambda size: f"{size / 2**20:.0f} MB, more than a notebook of this course can be "
+                                             f"({MAX_SUBMISSION // 2**20} MB)")
+
+
+def read_regular(path: Path, limit: int, *, link: str, too_big) -> bytes | str:
+    """The bytes of a regular file of at most ``limit`` bytes, or why they are not taken: ``link`` when the path
+    is a symbolic link (never followed), ``too_big(size)``, not a regular file (a pipe is not waited on), unreadable."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
-        if err.errno == 40:  # ELOOP: the last part of the path is a link
-            return "a symbolic link, not a notebook file (hand in the file itself)"
-        return f"cannot be read ({err.strerror})"
+        return link if err.errno == errno.ELOOP else f"cannot be read ({err.strerror})"
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return "not a regular file"
-        if info.st_size > MAX_SUBMISSION:
-            return f"{info.st_size / 2**20:.0f} MB, more than a notebook of this course can be ({MAX_SUBMISSION // 2**20} MB)"
         with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_SUBMISSION + 1)
+            data = f.read(limit + 1)  # (a file that grew since fstat is caught here)
+        return too_big(max(info.st_size, len(data))) if max(info.st_size, len(data)) > limit else data
     finally:
         os.close(fd)
 

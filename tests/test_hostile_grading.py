@@ -70,9 +70,12 @@ def batch(tmp_path_factory):
     (class_dir / "symlink").mkdir()  # a notebook that is a link to the instructor's solution
     (class_dir / "symlink" / f"{CHAPTER}.ipynb").symlink_to(ROOT / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
     (class_dir / "linked-folder").symlink_to(class_dir / "reference")  # a student folder that is a link
-    students.append("symlink")
+    (class_dir / "linked-chapter").mkdir()  # nbgrader collect's layout, whose chapter folder is the solutions'
+    (class_dir / "linked-chapter" / CHAPTER).symlink_to(ROOT / "solutions" / CHAPTER)
+    students += ["symlink", "linked-chapter"]
     before = course_files()
-    submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students if s != "symlink"}
+    submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students
+                 if s not in ("symlink", "linked-chapter")}
     first = grade_class(class_dir, workdir)
     records = {p.parent.name: p.read_bytes() for p in workdir.glob(f"results/*/{CHAPTER}.json")}
     second = grade_class(class_dir, workdir)
@@ -177,9 +180,11 @@ def test_nothing_hidden_can_be_read_from_the_sandbox(batch):
     assert result(batch, "snoop").score == 0
 
 
-def test_a_linked_notebook_is_refused(batch):
-    r = result(batch, "symlink")
-    assert r.status == "unreadable" and "symbolic link" in r.detail
+@pytest.mark.parametrize("student", ["symlink", "linked-chapter"])
+def test_a_linked_notebook_or_chapter_folder_is_refused(batch, student):
+    """Neither a notebook nor a chapter folder that links to the instructor's solution is read as a submission."""
+    r = result(batch, student)
+    assert r.status == "unreadable" and "symbolic link" in r.detail, (r.status, r.detail)
 
 
 def test_the_notebook_runs_as_an_unprivileged_user_in_its_own_process_namespace(batch):
