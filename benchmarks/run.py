@@ -8,8 +8,8 @@ The model benchmarks run on the course's small trained model and on a model of G
 parameters, random weights: speed does not depend on the values), float32 on both sides, batch 1, with torch's
 default number of threads. Where two sides are compared, they take turns within each round (interleaved) and the
 tables print the median round and the spread, with the machine's load average: a shared machine is slower at
-times, and a fair comparison slows both sides alike. Figures computed rather than measured say "estimated". ``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code,
-not a measurement.
+times, and a fair comparison slows both sides alike. Figures computed rather than measured say "estimated".
+``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code, not a measurement.
 """
 from __future__ import annotations
 
@@ -57,12 +57,11 @@ def interleaved(contenders: dict, rounds: int, budget_s: float | None = None) ->
     return {name: (times[name], results[name]) for name in contenders}
 
 
-def median_spread(times: list[float], scale: float = 1.0, digits: int = 3) -> tuple[str, str]:
-    """The median and the min-max of ``times`` (times ``scale``), formatted for a table."""
+def median_spread(values: list[float], digits: int = 3) -> str:
+    """Two table cells: the median of ``values``, and their min-max."""
     import statistics
 
-    return (f"{statistics.median(times) * scale:.{digits}f}",
-            f"{min(times) * scale:.{digits}f}-{max(times) * scale:.{digits}f}")
+    return f"{statistics.median(values):.{digits}f} | {min(values):.{digits}f}-{max(values):.{digits}f}"
 
 
 def load_average() -> str:
@@ -135,7 +134,7 @@ def bench_bpe(repeat: int) -> list[str]:
                     f"<= {most_ratio:.2f}x (speed >= 0.8x tiktoken's)" if most_ratio < 2 else f"<= {most_ratio:.0f}x"]
                 target = " and ".join(parts)
                 met = "yes" if (most_s is None or t < most_s) and t / base <= most_ratio else "no"
-            rows.append(f"| {label} | {name} | {t:.3f} | {min(times):.3f}-{max(times):.3f} | {t / base:.2f}x | "
+            rows.append(f"| {label} | {name} | {median_spread(times)} | {t / base:.2f}x | "
                         f"{target} | {met} |")
     if not same:
         raise SystemExit("bpe: the reference tokenizer's ids differ from tiktoken's; fix that before timing it")
@@ -198,10 +197,10 @@ def _prompt(model, n: int) -> list[int]:
 
 def _step_times(model, positions: list[int], repeat: int,
                without: bool = True) -> list[tuple[int, float, float, float, float]]:
-    """(position, seconds of a decode step with the cache, without it, largest logit difference) at each
-    position, and of the step with chapter 7's optional StaticKVCache (written in place) last: the step that
-    computes the token after ``position`` tokens; the median of rounds in which they take turns. With the cache: one token through
-    forward_with_cache onto a cache of ``position`` positions. Without: chapter 5's step, the whole window
+    """(position, seconds of a decode step with the cache, without it, largest logit difference, with chapter 7's
+    optional StaticKVCache) at each position: the step that computes the token after ``position`` tokens, the
+    median of rounds in which the steps take turns. With the cache: one token through forward_with_cache onto a
+    cache of ``position`` positions. Without: chapter 5's step, the whole window
     (``without=False``: not measured, nan)."""
     import statistics
 
@@ -270,7 +269,7 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
     import torch
 
     rows = [f"torch threads: {torch.get_num_threads()}; float32, batch 1; each step the median of {repeat} rounds "
-            f"(fewer once they took {STEP_BUDGET_S:.0f} s) in which the step with and without the cache take turns; "
+            f"(fewer once they took {STEP_BUDGET_S:.0f} s) in which the steps (cache, none, StaticKVCache) take turns; "
             f"{load_average()} before. A step "
             "\"at position p\" computes the token after p tokens: with the cache, one new token through "
             "forward_with_cache; without, chapter 5's forward pass over the whole window.", ""]
@@ -323,8 +322,8 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
     rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each "
             f"parameter checked), a prompt of 16 tokens, batch 1, torch threads: {torch.get_num_threads()}. "
             f"{repeat} rounds in which the three take turns (interleaved, so that a slower stretch of a shared "
-            "machine slows all alike); tokens/s of the median round, min-max of the rounds beside it. Without the cache: one "
-            f"run. Before: {load_average()}.", "",
+            f"machine slows all alike; fewer once they took {RUN_BUDGET_S:.0f} s); tokens/s of the median round, "
+            f"min-max of the rounds beside it. Without the cache: one run. Before: {load_average()}.", "",
             "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | min-max | "
             "minigpt + FastCachedModel (tok/s) | min-max | HF generate, use_cache=True (tok/s) | min-max | "
             "HF speed / minigpt's (CachedModel, Fast) | identical ids |",
@@ -350,14 +349,13 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
         measured = interleaved({
             "hf": lambda: hf_run,
             "cached": lambda: lambda: list(token_stream(CachedModel(model), prompt, n_new)),
-            "fast": lambda: lambda: list(token_stream(FastCachedModel(model), prompt, n_new))}, repeat)
+            "fast": lambda: lambda: list(token_stream(FastCachedModel(model), prompt, n_new))}, repeat, RUN_BUDGET_S)
         t_plain, plain = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
         same = all(ids == plain for _, ids in measured.values())
         if not same:
             raise SystemExit(f"generate: {name}: minigpt's greedy ids differ from Hugging Face's")
         speeds = {key: [n_new / t for t in times] for key, (times, _) in measured.items()}
-        cells = [f"{statistics.median(v):.1f} | {min(v):.1f}-{max(v):.1f}" for v in
-                 (speeds["cached"], speeds["fast"], speeds["hf"])]
+        cells = [median_spread(speeds[key], 1) for key in ("cached", "fast", "hf")]
         hf_time = statistics.median(measured["hf"][0])
         ratios = ", ".join(f"{statistics.median(measured[key][0]) / hf_time:.2f}x" for key in ("cached", "fast"))
         rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {' | '.join(cells)} | {ratios} | "
