@@ -256,6 +256,24 @@ def test_the_fast_model_runs_one_position_per_step_and_reuses_its_memory():
     assert seen[0] == 2 and fast.cache.keys.data_ptr() == buffer
 
 
+def test_a_call_stopped_halfway_does_not_leave_the_fast_cache_a_position_off():
+    """An interrupt inside the model (here: in the third of four layers) leaves the first layers a position ahead;
+    asked again for the same ids, the fast model must prefill, not run one token at the wrong offset."""
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=4, n_head=2, n_embd=16)).eval()
+    fast, ids = FastCachedModel(model), [3, 1, 4, 1, 5]
+    fast(torch.tensor([ids]))
+
+    def stop(module, inputs):
+        raise KeyboardInterrupt
+
+    hook = model.h[2].ln_1.register_forward_pre_hook(stop)
+    with pytest.raises(KeyboardInterrupt):
+        fast(torch.tensor([ids + [9]]))
+    hook.remove()
+    torch.testing.assert_close(fast(torch.tensor([ids + [9]]))[0, -1], last_logits(model, ids + [9]), atol=ATOL, rtol=0)
+
+
 def test_the_shipped_model_with_the_fast_cache_equals_hugging_face_generate(shipped):
     model, hf = shipped
     prompt = coursekit.gpt2_encoding().encode("ROMEO:\nBut soft, what light")

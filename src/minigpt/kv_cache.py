@@ -129,7 +129,9 @@ class FastCachedModel:
         if self.cache is None:
             dtype = next(self.model.parameters()).dtype
             self.cache = StaticKVCache(self.config, dtype=dtype)
-        if self.cache.length and ids[:-1] == self.ids:
+        # the cache holds self.ids only if every layer got all of them: a call stopped halfway (an interrupt, an
+        # error) leaves the first layers one position ahead, and then only a fresh prefill is right
+        if ids[:-1] == self.ids and self.cache.filled == [len(self.ids)] * self.config.n_layer:
             logits = forward_with_cache(self.model, idx[:, -1:], self.cache)
         else:
             self.cache.filled = [0] * self.config.n_layer  # emptied, not made again
