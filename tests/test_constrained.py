@@ -250,7 +250,7 @@ def test_every_constrained_output_fully_matches_its_pattern(models, constraints,
                                                             model_seed, use_cache):
     model, _ = models[model_seed]
     torch.manual_seed(seed)
-    out = constrained_generate(model, enc, "Answer: ", constraints[pattern], 70, use_cache=use_cache, **sampling)
+    out = constrained_generate(model, enc, "Answer: ", constraints[pattern], 120, use_cache=use_cache, **sampling)
     assert out.finish_reason == "eos" and out.ids[-1] == END and END not in out.ids[:-1]
     assert full(pattern, out.text), (pattern, out.text)
     assert out.text == enc.decode(out.ids[:-1])
@@ -302,7 +302,7 @@ def test_the_course_model_writes_json_that_parses_only_when_constrained(enc):
     constraint = Constraint.json(schema, enc)
     prompt = '{"speaker": "ROMEO", "line": "But soft!", "mood": "happy"}\n'
     for seed in range(3):
-        out = constrained_generate(model, enc, prompt, constraint, 60, do_sample=True, seed=seed)
+        out = constrained_generate(model, enc, prompt, constraint, 110, do_sample=True, seed=seed)
         assert out.finish_reason == "eos" and list(json.loads(out.text)) == ["speaker", "line", "mood"]
 
 
