@@ -53,3 +53,12 @@ def test_class_grading_benchmark_prints_its_table():
     row = next(line for line in out.stdout.splitlines() if line.startswith("| 3 |"))
     # a right, a wrong and a hostile one (corrupt JSON): two notebooks went through nbgrader
     assert row.startswith("| 3 | 3 | 2 | 1 unreadable |"), row
+
+
+def test_constrained_benchmark_checks_the_masks_equal_and_prints_a_table():
+    """--quick: the decode step of a tiny random model; the masks are GPT-2's whole vocabulary either way."""
+    out = subprocess.run([sys.executable, "benchmarks/run.py", "constrained", "--quick", "--repeat", "1",
+                          "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| state | allowed tokens | plain: regex per token (ms) | fast: trie walk (ms) |" in out.stdout
+    assert "| strict (inside an enum) | 2 |" in out.stdout and "| free (inside the string) |" in out.stdout

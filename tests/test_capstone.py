@@ -1,4 +1,4 @@
-"""Chapter 9, the capstone: a learner's package, built from notebooks, checked piece by piece against the oracles.
+"""Chapter 10, the capstone: a learner's package, built from notebooks, checked piece by piece against the oracles.
 
 The reference (exported from solutions/ as if it were a learner's) matches everywhere; the released stubs are
 "not written yet" everywhere; a mutant with one realistic mistake is named in the piece that holds the mistake,
@@ -162,7 +162,7 @@ def test_the_learner_package_never_takes_the_reference_name(tmp_path):
 def test_load_package_builds_and_imports_a_fresh_package():
     package = capstone.load_package(ROOT / "notebooks")
     assert package.__name__ == "learner_minigpt" and sys.modules["learner_minigpt"] is package
-    assert package.CHAPTERS["07-kv-cache"] == "kv_cache" and "09-capstone" not in package.CHAPTERS
+    assert package.CHAPTERS["07-kv-cache"] == "kv_cache" and "10-capstone" not in package.CHAPTERS
     tokens = importlib.import_module("learner_minigpt.tokens")  # the learner notebooks' code: their stubs
     with pytest.raises(NotImplementedError):
         tokens.pre_split("hello")
@@ -190,7 +190,7 @@ def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
     import nbformat
     from nbclient import NotebookClient
 
-    notebook = ROOT / source / "09-capstone" / "09-capstone.ipynb"
+    notebook = ROOT / source / "10-capstone" / "10-capstone.ipynb"
     nb = nbformat.read(notebook, as_version=4)
     start = time.perf_counter()
     client = NotebookClient(nb, timeout=120, kernel_name="python3",
@@ -202,4 +202,4 @@ def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
     text = json.dumps([o.get("text", "") or o.get("data", {}) for o in outputs])
     assert ("Every piece matches" in text) == (source == "solutions")
     assert ("is not written yet" in text) == (source == "notebooks")
-    print(f"{source}/09-capstone ran in {seconds:.1f} s")
+    print(f"{source}/10-capstone ran in {seconds:.1f} s")

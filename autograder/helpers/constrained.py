@@ -1,0 +1,61 @@
+"""Helpers of chapter 9 (constrained decoding), built next to the learner's code from plain recipes: GPT-2's
+vocabulary as bytes and as text (too large to send for every call), and a constraint that follows a script (the
+tokens allowed at each step, whatever was chosen before), so that the learner's generation loop is graded on its
+own, not through the learner's masks. No answers here: the judge computes those (the `regex` package on every
+token, Hugging Face's ``generate`` with the same script as its ``prefix_allowed_tokens_fn``).
+
+This runs where ``minigpt.constrained`` cannot be imported: torch, the course's reference of earlier chapters and
+the learner's objects.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from autograder.helpers.common import gpt2_encoding
+
+__all__ = ["gpt2_vocab", "gpt2_texts", "Scripted"]
+
+
+@functools.cache
+def _gpt2_vocab() -> tuple[bytes | None, ...]:
+    enc = gpt2_encoding()
+    specials = set(enc._special_tokens.values())
+    return tuple(None if i in specials else enc.decode_single_token_bytes(i) for i in range(enc.n_vocab))
+
+
+def gpt2_vocab() -> list[bytes | None]:
+    """The bytes of GPT-2's 50,257 tokens (None for <|endoftext|>): a list of the learner's own."""
+    return list(_gpt2_vocab())
+
+
+def gpt2_texts() -> list[str | None]:
+    """GPT-2's tokens as text, None where a token's bytes are not whole UTF-8 characters."""
+    texts = []
+    for piece in _gpt2_vocab():
+        try:
+            texts.append(None if piece is None else piece.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(None)
+    return texts
+
+
+class Scripted:
+    """A constraint with the attributes generation uses (``allowed``, ``eos_ids``, ``vocab``, ``vocab_size``,
+    ``dead_end``) whose mask at step k is ``steps[k]`` (ids), and nothing after the script ends. It records the
+    ids it was asked about."""
+
+    def __init__(self, steps: list[list[int]], eos_ids: list[int], vocab: list[bytes | None]):
+        self.steps, self.eos_ids, self.vocab, self.vocab_size = steps, set(eos_ids), vocab, len(vocab)
+        self.asked: list[list[int]] = []
+
+    def allowed(self, ids: list[int]) -> torch.Tensor:
+        self.asked.append(list(ids))
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        if len(ids) < len(self.steps):
+            mask[self.steps[len(ids)]] = True
+        return mask
+
+    def dead_end(self, ids: list[int]) -> str:
+        return f"the script allows no token after {len(ids)} generated: the constraint can no longer be met"
