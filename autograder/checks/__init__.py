@@ -8,6 +8,8 @@ and, when the mistake is a known one, what it is.
 """
 
 import dataclasses
+import functools
+import threading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,3 +21,18 @@ class Shape:
     n_head: int
     n_embd: int
     seed: int
+
+
+_ORACLE = threading.RLock()
+
+
+def once(fn):
+    """``fn`` computed once for each argument, by one thread at a time (the judge runs notebooks in threads)."""
+    cached = functools.cache(fn)
+
+    @functools.wraps(fn)
+    def computed_once(*args):
+        with _ORACLE:
+            return cached(*args)
+
+    return computed_once

@@ -26,13 +26,13 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import threading
 
 import regex
 import torch
 # Here, not in the checks: transformers' lazy imports race in a judge's threads.
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (what the models' recipe builds here)
 
+from autograder.checks import once
 from autograder.helpers import constrained as recipes
 from autograder.helpers import samplers as gpt_recipes
 from autograder.judge import Remote, cell, learner_side, make, seeded
@@ -95,27 +95,12 @@ def brute_force(pattern: str, written: bytes, vocab: list[bytes | None], eos_ids
     return allowed
 
 
-_ORACLE = threading.RLock()
-
-
-def _once(fn):
-    """``fn`` computed once for each argument, by one thread at a time (the judge runs notebooks in threads)."""
-    cached = functools.cache(fn)
-
-    @functools.wraps(fn)
-    def once(*args):
-        with _ORACLE:
-            return cached(*args)
-
-    return once
-
-
-@_once
+@once
 def _gpt2_vocab() -> tuple[bytes | None, ...]:
     return tuple(recipes.gpt2_vocab())
 
 
-@_once
+@once
 def _gpt2_texts() -> tuple[str | None, ...]:
     return tuple(recipes.gpt2_texts())
 
@@ -340,7 +325,7 @@ GPT2_FAST = [
 ]
 
 
-@_once
+@once
 def _vocab_index(vocab: tuple) -> tuple[dict[bytes, list[int]], set[bytes]]:
     """({bytes: the ids that write them}, the proper starts of some token's bytes) of a vocabulary."""
     by_bytes: dict[bytes, list[int]] = {}
@@ -562,13 +547,13 @@ GENERATIONS = [
 DEAD_ENDS = [(_script(9, 3, 4), 6), ([], 3)]
 
 
-@_once
+@once
 def _hf_model():
     with seeded(GEN_SHAPE["seed"]):
         return gpt_recipes.random_gpt2(**GEN_SHAPE)
 
 
-@_once
+@once
 def _hf_generation(case: int) -> list[int]:
     """Hugging Face's generate with the script as its prefix_allowed_tokens_fn (seeded as the learner's side is)."""
     script, n, sampling, seed, _ = GENERATIONS[case]

@@ -36,13 +36,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import threading
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel  # here: transformers' lazy imports race in a judge's threads
 
 import coursekit
-from autograder.checks import Shape
+from autograder.checks import Shape, once
 from autograder.helpers import generation as recipes
 from autograder.judge import Remote, ask, because_of, cell, collect, make, seeded, type_of
 from coursekit.testing import call, fail, quiet_transformers, show
@@ -73,22 +72,7 @@ def _recipe(name: str) -> dict:
                 n_embd=s.n_embd, seed=s.seed, init_range=INIT_RANGE)
 
 
-_ORACLE = threading.RLock()
-
-
-def _once(fn):
-    """``fn`` computed once for each argument, by one thread at a time (the judge runs notebooks in threads)."""
-    cached = functools.cache(fn)
-
-    @functools.wraps(fn)
-    def once(*args):
-        with _ORACLE:
-            return cached(*args)
-
-    return once
-
-
-@_once
+@once
 def _hf(name: str):
     """Hugging Face's GPT2LMHeadModel holding the seeded weights of the shape ``name`` (the oracle)."""
     s = SHAPES[name]
@@ -325,7 +309,7 @@ def _lowest(logits, ids) -> int:
     return int(torch.argmin(logits))
 
 
-@_once
+@once
 def _loop_case(case: LoopCase):
     """(hf, shape, prompt, eos_ids, choose, want) for a case: ``choose`` is this side's, to compute ``want``. Computed
     once: do not change what it returns."""

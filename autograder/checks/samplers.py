@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 
 import torch
 # Here, not in the checks: transformers' lazy imports race in a judge's threads.
@@ -43,6 +42,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, MinPLogitsWarper, NoRepea
                           RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 
+from autograder.checks import once
 from autograder.helpers import samplers as recipes
 from autograder.judge import Remote, ask, cell, learner_side, make, seeded, type_of
 from coursekit.testing import call, describe_error, fail, not_written, quiet_transformers, show
@@ -778,27 +778,12 @@ BEAM_MODELS = {
 WEIGHT_STD = 0.4
 
 
-_ORACLE = threading.RLock()
-
-
-def _once(fn):
-    """``fn`` computed once for each argument, by one thread at a time (the judge runs notebooks in threads)."""
-    cached = functools.cache(fn)
-
-    @functools.wraps(fn)
-    def once(*args):
-        with _ORACLE:
-            return cached(*args)
-
-    return once
-
-
 def _beam_recipe(name: str) -> tuple:
     """The plain recipe of the random GPT-2 ``name``: ``recipes.random_gpt(*recipe)`` builds it."""
     return (*BEAM_MODELS[name], WEIGHT_STD)
 
 
-@_once
+@once
 def _beam_models(name: str):
     """(the reference GPT holding the weights of the random GPT-2 ``name``, that Hugging Face model): the GPT is
     what the learner's side builds from the same recipe (``_beam_model``); here it runs the known mistakes."""
@@ -830,7 +815,7 @@ def _hf_beams(hf, prompt, max_new_tokens, num_beams, length_penalty=1.0, eos_ids
     return seqs
 
 
-@_once
+@once
 def _liked_tokens(model_name: str, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
     """Tokens the model writes most after ``prompt`` (in 4 beams, no end-of-text), most frequent first: as
     end-of-text ids they make some beams finish early."""
@@ -868,7 +853,7 @@ GREEDY = ("with num_beams=1, beam search is greedy decoding (Hugging Face's gene
           "at each step, until an end-of-text id or max_new_tokens")
 
 
-@_once
+@once
 def beam_case(case):
     """The arguments of a case and Hugging Face's answer: (model, prompt, n, beams, length_penalty, eos, want)."""
     name, prompt, n, beams, lp, ranks = case
@@ -1011,7 +996,7 @@ def _beam_hint(got, want, prompt, eos, answers) -> str:
     return why
 
 
-@_once
+@once
 def _mistake_gives(case, mistake):
     model, prompt, n, beams, lp, eos, _ = beam_case(case)
     with torch.no_grad():
