@@ -10,6 +10,12 @@
   and sampler settings; and equals Hugging Face's `generate(..., prefix_allowed_tokens_fn=...)` with the same mask,
   token for token, greedy and seeded sampling, with and without the KV cache, on random-weight GPT-2s that hold
   GPT-2's whole vocabulary (built locally, nothing downloaded).
+- Beam search (`constrained_beam_search`, chapter 6's `beam_search` on a masking wrapper): equals Hugging Face's
+  `generate(num_beams=k)` with a logits processor that applies the same mask to HF's log-probabilities and
+  renormalises them over the allowed tokens (this course's semantics), token for token; differs, where the model
+  puts probability outside the mask, from HF's `prefix_allowed_tokens_fn`, which masks after the log-softmax; sees
+  every generated id when prompt and output outgrow the model's block_size; no NaN when fewer tokens are allowed
+  than beams take candidates.
 - The errors: patterns outside the subset, a vocabulary that cannot spell a constraint, a constraint that can no
   longer be met.
 """
@@ -27,9 +33,9 @@ import coursekit
 from autograder.checks.constrained import brute_force, full, partial  # the oracle the hidden checks use too
 from autograder.helpers.samplers import random_gpt, random_gpt2
 from coursekit.testing import quiet_transformers
-from minigpt.constrained import (DFA, SUBSET, Constraint, UnsupportedPattern, build_trie, choice_mask, compile_regex,
-                                 constrained_generate, dfa_mask, escape, regex_mask_plain, schema_regex, token_texts,
-                                 vocabulary)
+from minigpt.constrained import (DFA, SUBSET, Constraint, MaskedModel, UnsupportedPattern, build_trie, choice_mask,
+                                 compile_regex, constrained_beam_search, constrained_generate, dfa_mask, escape,
+                                 regex_mask_plain, schema_regex, token_texts, vocabulary)
 from minigpt.transformer import GPT
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -346,3 +352,154 @@ def test_the_vocabulary_of_chapter_1s_tokenizer_is_tiktoken_s(vocab):
     assert vocab[END] is None and vocab[:3] == [b"!", b'"', b"#"]
     assert vocabulary(coursekit.gpt2_encoding(), 50300)[50257:] == [None] * 43  # ids the tokenizer does not have
     assert Constraint.regex("a", gpt2_tokenizer()).vocab == vocab
+
+
+# ---------------------------------------------------------------- beam search
+
+class RenormalisedMask:
+    """A Hugging Face logits processor: HF's beam search hands it log-probabilities; it sets -inf where the constraint
+    does not allow the token and renormalises the row over the allowed tokens (log_softmax again), which is what
+    masking the logits before the log-softmax gives. A beam that left the pattern (picked at -inf) is left as it is."""
+
+    def __init__(self, constraint: Constraint, prompt_len: int):
+        self.constraint, self.prompt_len = constraint, prompt_len
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        for row, ids in zip(scores, input_ids.tolist()):
+            new = ids[self.prompt_len:]
+            if self.constraint.state_after(new) >= 0:
+                row.copy_(torch.log_softmax(row.masked_fill(~self.constraint.allowed(new), float("-inf")), dim=-1))
+        return scores
+
+
+def hf_beams(hf, prompt_ids, constraint, max_new_tokens, num_beams, length_penalty, renormalised=True):
+    """The generated ids of Hugging Face's best beam (with chapter 6's settings), cut after its end-of-text id:
+    masked by RenormalisedMask, or by ``prefix_allowed_tokens_fn`` (HF's own way: the mask after the log-softmax)."""
+    from transformers import LogitsProcessorList
+
+    if renormalised:
+        how = dict(logits_processor=LogitsProcessorList([RenormalisedMask(constraint, len(prompt_ids))]))
+    else:
+        how = dict(prefix_allowed_tokens_fn=lambda _, ids: constraint.allowed(
+            ids[len(prompt_ids):].tolist()).nonzero().flatten().tolist())
+    with torch.no_grad(), quiet_transformers():
+        out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                          num_beams=num_beams, length_penalty=length_penalty, eos_token_id=END, pad_token_id=END,
+                          **how)
+    row = out[0, len(prompt_ids):].tolist()
+    return row[:row.index(END) + 1] if END in row else row
+
+
+def beam_constraint(enc, kind: str) -> tuple[Constraint, str]:
+    """A constraint, and the pattern its texts fully match."""
+    if kind.startswith("choices:"):
+        options = kind.removeprefix("choices:").split("|")
+        return Constraint.choices(options, enc), "|".join(map(escape, options))
+    if kind == "schema":
+        return Constraint.json(SCHEMA, enc), schema_regex(SCHEMA)
+    return Constraint.regex(kind, enc), kind
+
+
+# (constraint, model seed, max_new_tokens, num_beams, length_penalty): most end with end-of-text, the schema at 8
+# tokens runs out of steps; one or two choices leave fewer allowed tokens than beam search takes candidates, so
+# beams are picked at -inf.
+BEAM_CASES = [
+    (BOUNDED[0], 1, 10, 2, 1.0), (BOUNDED[0], 2, 6, 4, 2.0), (PATTERNS[1], 1, 20, 3, 0.5),
+    (PATTERNS[1], 2, 12, 4, 1.0), (PATTERNS[2], 1, 8, 3, 2.0), ("choices:yes", 1, 6, 4, 1.0),
+    ("choices: Paris| London", 2, 6, 4, 1.0), ("schema", 1, 8, 2, 1.0), ("schema", 2, 60, 3, 1.0),
+]
+
+
+@pytest.mark.parametrize("kind, model_seed, max_new_tokens, num_beams, length_penalty", BEAM_CASES)
+def test_constrained_beam_search_equals_hugging_face_with_the_renormalised_mask(models, enc, kind, model_seed,
+                                                                                max_new_tokens, num_beams,
+                                                                                length_penalty):
+    constraint, pattern = beam_constraint(enc, kind)
+    model, hf = models[model_seed]
+    prompt = enc.encode("The answer, as asked: ")
+    got = constrained_beam_search(model, enc, prompt, constraint, max_new_tokens, num_beams, length_penalty)
+    assert got.ids == hf_beams(hf, prompt, constraint, max_new_tokens, num_beams, length_penalty)
+    assert got.prompt_ids == prompt and got.text == enc.decode([i for i in got.ids if i != END])
+    if got.finish_reason == "eos":
+        assert got.ids[-1] == END and END not in got.ids[:-1] and full(pattern, got.text), got.text
+    else:
+        assert got.finish_reason == "length" and len(got.ids) == max_new_tokens and partial(pattern, got.text)
+
+
+def test_the_beam_cases_end_both_ways(models, enc):
+    reasons = {constrained_beam_search(models[seed][0], enc, "The answer, as asked: ", beam_constraint(enc, kind)[0],
+                                       n, beams, lp).finish_reason for kind, seed, n, beams, lp in BEAM_CASES}
+    assert reasons == {"eos", "length"}
+
+
+@pytest.mark.parametrize("pattern, num_beams", [(BOUNDED[0], 2), (PATTERNS[1], 4)])
+def test_the_mask_before_the_log_softmax_keeps_other_beams_than_hugging_face_s_prefix_fn(models, enc, pattern,
+                                                                                      num_beams):
+    """What the chapter says: HF's prefix_allowed_tokens_fn masks log-probabilities that stay the model's own, this
+    beam search renormalises them over the allowed tokens, and the best beam differs."""
+    constraint = Constraint.regex(pattern, enc)
+    model, hf = models[1]
+    prompt = enc.encode("The answer, as asked: ")
+    got = constrained_beam_search(model, enc, prompt, constraint, 20, num_beams).ids
+    assert got == hf_beams(hf, prompt, constraint, 20, num_beams, 1.0)
+    assert got != hf_beams(hf, prompt, constraint, 20, num_beams, 1.0, renormalised=False)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(pattern=st.sampled_from(BOUNDED), num_beams=st.integers(2, 4), length_penalty=st.sampled_from([0.0, 1.0, 2.0]),
+       model_seed=st.sampled_from([1, 2]))
+def test_every_constrained_beam_output_fully_matches_its_pattern(models, constraints, enc, pattern, num_beams,
+                                                                 length_penalty, model_seed):
+    out = constrained_beam_search(models[model_seed][0], enc, "Answer: ", constraints[pattern], 100, num_beams,
+                                  length_penalty)
+    assert out.finish_reason == "eos" and out.ids[-1] == END and END not in out.ids[:-1]
+    assert full(pattern, out.text), (pattern, out.text)
+
+
+def test_beam_search_sees_every_generated_id_past_the_block_size(enc):
+    """last_logits keeps the last block_size ids; the mask needs all the generated ones. With one beam, beam search
+    is greedy: it must equal constrained_generate, which keeps its own ids; with three, the output still matches."""
+    model = random_gpt(seed=3, **{**SHAPE, "block_size": 12})
+    pattern = r"[a-z]{1,6}( [a-z]{1,6}){0,2}\."
+    constraint = Constraint.regex(pattern, enc)
+    prompt = enc.encode("Three words at most, then a full stop:")
+    assert len(prompt) == 10  # the first generated ids fall out of the window after two steps
+    greedy = constrained_beam_search(model, enc, prompt, constraint, 30, num_beams=1)
+    assert greedy.ids == constrained_generate(model, enc, prompt, constraint, 30, use_cache=False).ids
+    assert len(prompt) + len(greedy.ids) > 12 and greedy.finish_reason == "eos" and full(pattern, greedy.text)
+    beams = constrained_beam_search(model, enc, prompt, constraint, 30, num_beams=3)
+    assert len(prompt) + len(beams.ids) > 12 and beams.finish_reason == "eos" and full(pattern, beams.text)
+
+
+def test_a_beam_picked_at_minus_infinity_gets_the_plain_logits_and_no_nan(models, enc):
+    model, _ = models[1]
+    constraint = Constraint.choices(["yes"], enc)
+    prompt = enc.encode("Yes or no? ")
+    masked = MaskedModel(model, constraint, len(prompt))
+    with torch.no_grad():
+        live = masked(torch.tensor([prompt]))[0, -1]
+        dead = masked(torch.tensor([prompt + enc.encode(" no")]))[0, -1]
+        plain = model(torch.tensor([prompt + enc.encode(" no")]))[0, -1]
+    assert set(live.isfinite().nonzero().flatten().tolist()) == ids_of(constraint.allowed([]))
+    assert torch.equal(dead, plain)
+    for options in (["yes"], ["yes", "no"], ["猫"]):
+        out = constrained_beam_search(model, enc, prompt, Constraint.choices(options, enc), 6, num_beams=4)
+        assert out.finish_reason == "eos" and out.text in options, (options, out)
+
+
+def test_constrained_beam_search_errors_are_named(enc):
+    vocab = [b"a", b"ab", b"x", None]
+    constraint = Constraint(compile_regex("abc"), vocab, [3], "the pattern 'abc'")
+    model = GPT(coursekit_config(4)).eval()
+    with pytest.raises(ValueError, match=r"after '(a|ab)', no token continues .* can no longer be met"):
+        constrained_beam_search(model, None, [2], constraint, 4, num_beams=2)
+    with pytest.raises(ValueError, match="the vocabulary cannot spell any text that the pattern"):
+        constrained_beam_search(GPT(coursekit_config(60)).eval(), enc, [0], Constraint.regex("[a-z]+", enc, 60), 4)
+    with pytest.raises(ValueError, match="built for 4 token ids, the model has 60"):
+        constrained_beam_search(GPT(coursekit_config(60)), None, [2], constraint, 4)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=rf"max_new_tokens must be an integer >= 1 for beam search, got {bad!r}"):
+            constrained_beam_search(model, None, [2], constraint, bad)
+    with pytest.raises(ValueError, match="num_beams must be an integer >= 1, got 0"):
+        constrained_beam_search(model, None, [2], constraint, 4, num_beams=0)

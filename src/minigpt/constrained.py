@@ -550,3 +550,49 @@ def constrained_generate(model: torch.nn.Module, tokenizer, prompt: str | list[i
         ids.append(token)
     text = b"".join(constraint.vocab[i] for i in new if i not in constraint.eos_ids).decode("utf-8", errors="replace")
     return Generation(prompt_ids, new, text, reason)
+
+
+import sys
+
+from .samplers import beam_search
+
+
+class MaskedModel(torch.nn.Module):
+    """``model`` with -inf at its last position's logits wherever ``constraint`` does not allow the token after the
+    ids generated so far (those past the first ``prompt_len``): what chapter 6's ``beam_search`` sees as its model."""
+
+    def __init__(self, model: torch.nn.Module, constraint: Constraint, prompt_len: int):
+        super().__init__()
+        self.model, self.constraint, self.prompt_len = model, constraint, prompt_len
+        # last_logits keeps only the last config.block_size ids, and the mask needs every generated id: the wrapper
+        # takes them all and crops for the model itself.
+        self.config = dataclasses.replace(model.config, block_size=sys.maxsize)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        logits = self.model(idx[:, -self.model.config.block_size:]).clone()  # (B, T, V)
+        for row, ids in zip(logits, idx.tolist()):
+            new = ids[self.prompt_len:]
+            if self.constraint.state_after(new) < 0:
+                continue  # a beam picked at -inf (fewer tokens allowed than candidates): masking all would give NaN
+            allowed = self.constraint.allowed(new)
+            if not allowed.any():
+                raise ValueError(self.constraint.dead_end(new))
+            row[-1] = row[-1].masked_fill(~allowed, NEG_INF)
+        return logits
+
+
+def constrained_beam_search(model: torch.nn.Module, tokenizer, prompt: str | list[int], constraint: Constraint,
+                            max_new_tokens: int = 64, num_beams: int = 4, length_penalty: float = 1.0) -> Generation:
+    """Chapter 6's beam search, writing only what ``constraint`` allows: each beam's step scores are the model's
+    log-probabilities renormalised over the allowed tokens."""
+    ids = tokenizer.encode(prompt, allowed_special="all") if isinstance(prompt, str) else list(prompt)
+    if constraint.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the constraint is built for {constraint.vocab_size:,} token ids, the model has "
+                         f"{model.config.vocab_size:,}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1 for beam search, got {max_new_tokens!r}")
+    new = beam_search(MaskedModel(model, constraint, len(ids)), ids, max_new_tokens, num_beams, length_penalty,
+                      constraint.eos_ids)
+    reason = "eos" if new and new[-1] in constraint.eos_ids else "length"
+    text = b"".join(constraint.vocab[i] for i in new if i not in constraint.eos_ids).decode("utf-8", errors="replace")
+    return Generation(ids, new, text, reason)
