@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
 
 import regex
 import torch
 
 from .generation import Generation, end_of_text_id, last_logits
 from .kv_cache import CachedModel
-from .samplers import Sampler
+from .samplers import Sampler, beam_search
 
 NEG_INF = float("-inf")
 
@@ -550,11 +551,6 @@ def constrained_generate(model: torch.nn.Module, tokenizer, prompt: str | list[i
         ids.append(token)
     text = b"".join(constraint.vocab[i] for i in new if i not in constraint.eos_ids).decode("utf-8", errors="replace")
     return Generation(prompt_ids, new, text, reason)
-
-
-import sys
-
-from .samplers import beam_search
 
 
 class MaskedModel(torch.nn.Module):
