@@ -91,9 +91,11 @@ student-release: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
-# A 50-submission class of chapter 1 (right, wrong and hostile notebooks) through minigpt-grade: notebooks per minute.
+# A 50-submission class of chapter 1 (right, wrong and hostile notebooks) through minigpt-grade: notebooks per minute;
+# then one learner's whole course (every graded chapter): each notebook's time and the batch's.
 bench-grading: $(STAMP)
 	$(BIN)/python benchmarks/grade_class.py
+	$(BIN)/python benchmarks/grade_class.py --course
 
 # Retrain the small model the course ships with chapter 8's code (about 1.5 hours of 2 CPU cores; after a stop,
 # .venv/bin/python training/train_shipped_model.py --resume goes on): see training/README.md.

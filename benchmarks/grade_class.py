@@ -1,5 +1,8 @@
 """Grade a mixed class of chapter 1 and print the rate: python benchmarks/grade_class.py [--count 50]
 
+`--course` grades instead one learner's whole course: the right answer of every graded chapter, one notebook
+each, and prints each notebook's time next to the wall time of the batch (issue 16's measure).
+
 The class is built from the tests' submissions (tests/submissions/): every hostile one (loops, memory bomb,
 dead kernels, cheats, broken files), every realistic mistake, every different-but-correct answer, the
 untouched notebook, and copies of the right answer to make up ``--count``. It is graded by
@@ -54,12 +57,56 @@ def mixed_class(folder: Path, count: int) -> dict[str, str]:
     return {student: kind for student, (kind, _) in chosen.items()}
 
 
+def whole_course(folder: Path) -> dict[str, str]:
+    """{chapter: kind} for one learner, "learner", who hands in the right answer of every graded chapter."""
+    import nbformat
+
+    chapters = grade.graded_chapters(ROOT)
+    (folder / "learner").mkdir(parents=True)
+    for chapter in chapters:
+        nb = learner_notebook(chapter, {})
+        (folder / "learner" / f"{chapter}.ipynb").write_text(nbformat.writes(nb))
+    return {chapter: "correct" for chapter in chapters}
+
+
+def course_main(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        chapters = whole_course(Path(tmp) / "class")
+        out = Path(tmp) / "results.json"
+        load = os.getloadavg()[0]
+        start = time.monotonic()
+        code = grade.main(["--class", str(Path(tmp) / "class"), "--workdir", str(Path(tmp) / "workspace"),
+                           "--jobs", str(args.jobs), "--json", str(out), "--quiet"])
+        elapsed = time.monotonic() - start
+        results = {r["chapter"]: r for r in json.loads(out.read_text())["results"]} if out.is_file() else {}
+    print(f"\n## grading: one learner's whole course ({len(chapters)} graded chapters, the right answers), "
+          f"sandboxed, {args.jobs} at once; load average before: {load:.2f}\n")
+    print("| chapter | status | score | notebook's run |")
+    print("|---|---|---|---|")
+    for chapter in chapters:
+        r = results.get(chapter, {})
+        seconds = f"{r['seconds']:.1f} s" if r.get("seconds") is not None else "-"
+        print(f"| {chapter} | {r.get('status', 'no result')} | {r.get('score')} / {r.get('max_score')} | {seconds} |")
+    runs = sum(r["seconds"] or 0 for r in results.values())
+    print(f"\nwall time {elapsed:.0f} s for the batch (start-up, runs side by side, gradebook, feedback pages); "
+          f"the notebooks' runs add up to {runs:.0f} s")
+    full = [c for c, r in results.items() if r.get("status") == "graded" and r.get("score") == r.get("max_score")]
+    if code != 0 or len(full) != len(chapters):
+        print(f"\nminigpt-grade exited {code}; not full marks: {sorted(set(chapters) - set(full)) or 'none'}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=50, help="submissions in the class (default 50)")
     parser.add_argument("--jobs", type=int, default=grade.default_jobs(), help="notebooks graded at once")
     parser.add_argument("--cell-timeout", type=int, default=30, help="seconds per cell (the loops wait this long)")
+    parser.add_argument("--course", action="store_true", help="one learner's whole course instead of a class")
     args = parser.parse_args(argv)
+    if args.course:
+        return course_main(args)
     with tempfile.TemporaryDirectory() as tmp:
         kinds = mixed_class(Path(tmp) / "class", args.count)
         out = Path(tmp) / "results.json"
