@@ -5,7 +5,8 @@
 - The masks: a brute-force check of every one of GPT-2's 50,257 tokens, `written + token` against the pattern with
   `regex`'s partial matching, on random prefixes (`autograder.checks.constrained.brute_force`, the hidden checks'
   oracle); the fast mask (DFA over the trie), the plain mask and the choice
-  mask must each equal it where they apply.
+  mask must each equal it where they apply. all_masks (every state's mask at once, one depth of the trie at a time,
+  what a Constraint holds) must equal dfa_mask on every state.
 - Generation: every output matches its pattern (`regex.fullmatch`) or parses (`json.loads`), over seeds, patterns
   and sampler settings; and equals Hugging Face's `generate(..., prefix_allowed_tokens_fn=...)` with the same mask,
   token for token, greedy and seeded sampling, with and without the KV cache, on random-weight GPT-2s that hold
@@ -16,6 +17,8 @@
   puts probability outside the mask, from HF's `prefix_allowed_tokens_fn`, which masks after the log-softmax; sees
   every generated id when prompt and output outgrow the model's block_size; no NaN when fewer tokens are allowed
   than beams take candidates.
+- `generate(..., constraint=...)`: the same ids as constrained_generate (sampling) or constrained_beam_search
+  (num_beams > 1), and as chapter 6's generate without a constraint.
 - The errors: patterns outside the subset, a vocabulary that cannot spell a constraint, a constraint that can no
   longer be met.
 """
@@ -33,9 +36,10 @@ import coursekit
 from autograder.checks.constrained import brute_force, full, partial  # the oracle the hidden checks use too
 from autograder.helpers.samplers import random_gpt, random_gpt2
 from coursekit.testing import quiet_transformers
-from minigpt.constrained import (DFA, SUBSET, Constraint, MaskedModel, UnsupportedPattern, build_trie, choice_mask,
-                                 compile_regex, constrained_beam_search, constrained_generate, dfa_mask, escape,
-                                 regex_mask_plain, schema_regex, token_texts, vocabulary)
+from minigpt.constrained import (DFA, SUBSET, Constraint, MaskedModel, UnsupportedPattern, all_masks, build_trie,
+                                 choice_mask, compile_regex, constrained_beam_search, constrained_generate, dfa_mask,
+                                 escape, generate, regex_mask_plain, schema_regex, token_texts, trie_levels,
+                                 vocabulary)
 from minigpt.transformer import GPT
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -293,6 +297,30 @@ def test_constrained_generation_equals_hugging_face_with_the_same_mask(models, e
             assert got.ids == want, (pattern, sampling, model_seed, use_cache)
 
 
+def test_generate_with_a_constraint_is_the_constrained_loop_or_beam_search(models, constraints, enc):
+    """Chapter 6's generate with constraint=: sampling goes to constrained_generate, beams to
+    constrained_beam_search, and without a constraint it is chapter 6's generate, the same ids each time."""
+    from minigpt import samplers
+
+    model, _ = models[2]
+    constraint = constraints[BOUNDED[0]]
+    for sampling in SETTINGS[:4]:
+        torch.manual_seed(5)
+        want = constrained_generate(model, enc, "Answer: ", constraint, 30, **sampling)
+        torch.manual_seed(5)
+        got = generate(model, enc, "Answer: ", 30, constraint=constraint, **sampling)
+        assert got == want and full(BOUNDED[0], got.text), sampling
+    want = constrained_beam_search(model, enc, "Answer: ", constraint, 12, num_beams=3, length_penalty=2.0)
+    assert generate(model, enc, "Answer: ", 12, constraint=constraint, num_beams=3, length_penalty=2.0) == want
+    for options in ({}, {"num_beams": 2}, {"do_sample": True, "top_k": 5, "seed": 3}):
+        got = generate(model, enc, "Answer: ", 8, **options)
+        assert got == samplers.generate(model, enc, "Answer: ", 8, **options), options
+    for options, message in [({"stop": "\n"}, "stop cannot be used"), ({"eos_ids": [1]}, "eos_ids cannot be used"),
+                             ({"num_beams": 2, "do_sample": True}, "no sampling settings")]:
+        with pytest.raises(ValueError, match=message):
+            generate(model, enc, "Answer: ", 8, constraint=constraint, **options)
+
+
 def test_a_short_budget_ends_with_reason_length_and_a_prefix_of_a_match(models, enc):
     model, _ = models[1]
     constraint = Constraint.json(SCHEMA, enc)
@@ -336,13 +364,38 @@ def coursekit_config(vocab_size: int):
     return GPTConfig(vocab_size=vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=8)
 
 
-def test_masks_are_computed_once_per_state(enc):
+@pytest.mark.parametrize("pattern", [PATTERNS[0], PATTERNS[4], PATTERNS[5], PATTERNS[6], schema_regex(SCHEMA)])
+def test_all_masks_has_every_state_s_dfa_mask(pattern, vocab, trie):
+    """all_masks (every state at once, one depth of the trie at a time) against dfa_mask (one state, node by node),
+    on every state: the multi-byte characters and the JSON string's counted characters give many states."""
+    dfa = compile_regex(pattern)
+    masks = all_masks(dfa, trie_levels(trie, len(vocab)), {END}, chunk=7)  # chunks that do not divide the states
+    assert masks.shape == (len(dfa.table), len(vocab)) and masks.dtype == torch.bool
+    for state in range(len(dfa.table)):
+        assert torch.equal(masks[state], dfa_mask(dfa, state, trie, len(vocab), {END})), (pattern, state)
+
+
+def test_all_masks_on_a_small_vocabulary_with_gaps_twins_and_pieces():
+    vocab = [b"a", b"ab", b"ab", None, b"", b"b", b"\xe7\x8c", b"\xa0", b"abc"]
+    trie = build_trie(vocab)
+    for pattern in ["ab?c?", "(ab)*", "b|c", "猫"]:
+        dfa = compile_regex(pattern)
+        for eos in (set(), {3}):
+            masks = all_masks(dfa, trie_levels(trie, len(vocab)), eos, chunk=2)
+            for state in range(len(dfa.table)):
+                assert torch.equal(masks[state], dfa_mask(dfa, state, trie, len(vocab), eos)), (pattern, eos, state)
+    none = all_masks(compile_regex("z"), trie_levels(trie, len(vocab)), {3})
+    assert not none[0].any() and none[1].tolist() == [i == 3 for i in range(len(vocab))], "no token spells z"
+
+
+def test_a_constraint_holds_every_state_s_mask_and_a_step_looks_it_up(enc):
     constraint = Constraint.regex(r"\d{1,3}", enc)
-    first = constraint.allowed([])
-    assert constraint.allowed([]) is first and len(constraint.masks) == 1
+    assert constraint.masks.shape == (len(constraint.dfa.table), 50257)
+    assert torch.equal(constraint.allowed([]), constraint.masks[0]) and END not in ids_of(constraint.allowed([]))
     one = enc.encode("7")
-    assert END in ids_of(constraint.allowed(one)) and len(constraint.masks) == 2
+    assert END in ids_of(constraint.allowed(one)) and ids_of(constraint.allowed(one)) >= {enc.encode("12")[0]}
     assert not constraint.allowed(enc.encode("x")).any()
+    assert not constraint.allowed(enc.encode("1234")).any()
 
 
 def test_the_vocabulary_of_chapter_1s_tokenizer_is_tiktoken_s(vocab):

@@ -8,12 +8,14 @@ import functools
 import json
 import sys
 
+import numpy as np
 import regex
 import torch
 
 from .generation import Generation, end_of_text_id, last_logits
 from .kv_cache import CachedModel
 from .samplers import Sampler, beam_search
+from .samplers import generate as unconstrained_generate
 
 NEG_INF = float("-inf")
 
@@ -463,16 +465,75 @@ def shared_trie(build, vocab: tuple[bytes | None, ...]) -> TrieNode:
     return build(list(vocab))
 
 
+@dataclasses.dataclass
+class TrieLevels:
+    """A token trie as arrays, to walk it one depth at a time: node 0 is the root, then come the nodes one byte
+    deep, then those two bytes deep, and so on."""
+    parent: np.ndarray  # (nodes,) each node's parent (the root's: 0)
+    byte: np.ndarray  # (nodes,) the byte from the parent to the node
+    depths: list[tuple[int, int]]  # for depth 1, 2, ...: (first, end), the nodes first to end - 1
+    token_node: np.ndarray  # (vocab_size,) the node where each token's bytes end; 0 for a token without bytes
+
+
+def trie_levels(trie: TrieNode, vocab_size: int) -> TrieLevels:
+    """Number the nodes of ``trie`` breadth first, so that every depth is one block of numbers."""
+    nodes, parent, byte, depths = [trie], [0], [0], []
+    token_node = np.zeros(vocab_size, dtype=np.int64)
+    first, end = 0, 1
+    while first < end:  # nodes[first:end] are one depth; their children get the next numbers
+        for k in range(first, end):
+            token_node[nodes[k].ids] = k
+            for b, child in nodes[k].children.items():
+                nodes.append(child)
+                parent.append(k)
+                byte.append(b)
+        first, end = end, len(nodes)
+        if first < end:
+            depths.append((first, end))
+    return TrieLevels(np.array(parent), np.array(byte), depths, token_node)
+
+
+@functools.lru_cache(maxsize=4)
+def shared_levels(build, vocab: tuple[bytes | None, ...]) -> TrieLevels:
+    """trie_levels of ``shared_trie(build, vocab)``, once for each vocabulary."""
+    return trie_levels(shared_trie(build, vocab), len(vocab))
+
+
+def all_masks(dfa: DFA, levels: TrieLevels, eos_ids: set[int], chunk: int = 64) -> torch.Tensor:
+    """Bool (states, vocab_size): row s is ``dfa_mask(dfa, s, ...)``, for every state of ``dfa`` at once.
+
+    It is dfa_mask's walk turned sideways: instead of one state going down the trie node by node, every state goes
+    down it together, one depth at a time. The state at a node is the DFA's step from its parent's state on the
+    node's byte, so a whole depth, for all states, is one lookup in the table. A dead end (-1) becomes one more state
+    that every byte leads back to, so the walk never has to stop; a token is allowed where its node is not dead."""
+    n, vocab_size = len(dfa.table), len(levels.token_node)
+    dead = n
+    table = np.array(dfa.table + [[dead] * 256])
+    table[table < 0] = dead
+    table = table.astype(np.int16 if n < 2**15 - 1 else np.int32)  # small numbers: less memory to move
+    masks = np.empty((n, vocab_size), dtype=bool)
+    for lo in range(0, n, chunk):  # `chunk` states at a time: (nodes, chunk) states in memory, not (nodes, n)
+        states = np.arange(lo, min(lo + chunk, n))
+        at = np.empty((len(levels.parent), len(states)), dtype=table.dtype)  # at[node, j]: state j's state there
+        at[0] = states
+        for first, end in levels.depths:
+            at[first:end] = table[at[levels.parent[first:end]], levels.byte[first:end, None]]
+        masks[states] = (at[levels.token_node] != dead).T
+    masks[:, levels.token_node == 0] = False  # tokens without bytes
+    masks[np.ix_(np.array(dfa.accepting), np.array(sorted(eos_ids), dtype=np.int64))] = True  # end where it accepts
+    return torch.from_numpy(masks)
+
+
 class Constraint:
     """What generation may write, as a DFA on bytes with the trie of one vocabulary. ``allowed(ids)`` is the mask
-    of the next token after the generated ``ids``; a mask depends only on the DFA state, so each state's mask is
-    computed once (``dfa_mask``) and looked up after that."""
+    of the next token after the generated ``ids``; a mask depends only on the DFA state, so the masks of all states
+    are computed when the constraint is built (``all_masks``) and a step looks its state's up."""
 
     def __init__(self, dfa: DFA, vocab: list[bytes | None], eos_ids, description: str):
         self.dfa, self.vocab, self.eos_ids, self.description = dfa, vocab, set(eos_ids), description
         self.vocab_size = len(vocab)
         self.trie = shared_trie(build_trie, tuple(vocab))
-        self.masks: dict[int, torch.Tensor] = {}
+        self.masks = all_masks(dfa, shared_levels(build_trie, tuple(vocab)), self.eos_ids)  # (states, vocab_size)
 
     @classmethod
     def regex(cls, pattern: str, tokenizer, vocab_size: int | None = None) -> "Constraint":
@@ -510,8 +571,6 @@ class Constraint:
         state = self.state_after(ids)
         if state < 0:
             return torch.zeros(self.vocab_size, dtype=torch.bool)
-        if state not in self.masks:
-            self.masks[state] = dfa_mask(self.dfa, state, self.trie, self.vocab_size, self.eos_ids)
         return self.masks[state]
 
     def dead_end(self, ids: list[int]) -> str:
@@ -592,3 +651,22 @@ def constrained_beam_search(model: torch.nn.Module, tokenizer, prompt: str | lis
     reason = "eos" if new and new[-1] in constraint.eos_ids else "length"
     text = b"".join(constraint.vocab[i] for i in new if i not in constraint.eos_ids).decode("utf-8", errors="replace")
     return Generation(ids, new, text, reason)
+
+
+def generate(model: torch.nn.Module, tokenizer, prompt: str | list[int], max_new_tokens: int = 64, *,
+             constraint: Constraint | None = None, num_beams: int = 1, length_penalty: float = 1.0,
+             **options) -> Generation:
+    """Chapter 6's ``generate`` with one more setting: with a ``constraint``, the text is constrained_generate's (the
+    sampler's settings in ``options``) or, with ``num_beams`` above 1, constrained_beam_search's."""
+    if constraint is None:
+        return unconstrained_generate(model, tokenizer, prompt, max_new_tokens, num_beams=num_beams,
+                                      length_penalty=length_penalty, **options)
+    ending = sorted({"stop", "eos_ids"} & set(options))
+    if ending:
+        raise ValueError(f"with a constraint, the constraint decides where the text may end (its eos_ids): "
+                         f"{' and '.join(ending)} cannot be used with it")
+    if num_beams == 1:
+        return constrained_generate(model, tokenizer, prompt, constraint, max_new_tokens, **options)
+    if options:
+        raise ValueError(f"beam search here is deterministic; it takes no sampling settings, got {sorted(options)}")
+    return constrained_beam_search(model, tokenizer, prompt, constraint, max_new_tokens, num_beams, length_penalty)
