@@ -386,16 +386,34 @@ def test_all_masks_on_a_small_vocabulary_with_gaps_twins_and_pieces():
                 assert torch.equal(masks[state], dfa_mask(dfa, state, trie, len(vocab), eos)), (pattern, eos, state)
     none = all_masks(compile_regex("z"), trie_levels(trie, len(vocab)), {3})
     assert not none[0].any() and none[1].tolist() == [i == 3 for i in range(len(vocab))], "no token spells z"
+    dfa = compile_regex("(ab)*")
+    every = all_masks(dfa, trie_levels(trie, len(vocab)), {3})
+    assert torch.equal(all_masks(dfa, trie_levels(trie, len(vocab)), {3}, states=[1, 0]), every[[1, 0]])
 
 
 def test_a_constraint_holds_every_state_s_mask_and_a_step_looks_it_up(enc):
     constraint = Constraint.regex(r"\d{1,3}", enc)
-    assert constraint.masks.shape == (len(constraint.dfa.table), 50257)
+    assert sorted(constraint.masks) == list(range(len(constraint.dfa.table)))
     assert torch.equal(constraint.allowed([]), constraint.masks[0]) and END not in ids_of(constraint.allowed([]))
     one = enc.encode("7")
     assert END in ids_of(constraint.allowed(one)) and ids_of(constraint.allowed(one)) >= {enc.encode("12")[0]}
     assert not constraint.allowed(enc.encode("x")).any()
     assert not constraint.allowed(enc.encode("1234")).any()
+
+
+def test_an_automaton_over_the_budget_gets_its_masks_as_its_states_are_met(enc, trie, monkeypatch):
+    import minigpt.constrained
+
+    big = {"type": "object", "properties": {"line": {"type": "string", "maxLength": 40}}}
+    monkeypatch.setattr(minigpt.constrained, "MASK_BUDGET", 100 * 50257)  # fewer states than the schema's
+    constraint = Constraint.json(big, enc)
+    dfa = constraint.dfa
+    assert len(dfa.table) > 100 and constraint.masks == {}
+    written = enc.encode('{"line": "Good morrow')
+    state = constraint.state_after(written)
+    mask = constraint.allowed(written)
+    assert torch.equal(mask, dfa_mask(dfa, state, trie, 50257, set())) and 0 < len(constraint.masks) <= 64
+    assert state - state % 64 in constraint.masks and constraint.allowed(written) is mask
 
 
 def test_the_vocabulary_of_chapter_1s_tokenizer_is_tiktoken_s(vocab):

@@ -344,6 +344,15 @@ class DFA:
             state = self.table[state][b]
         return state
 
+    @functools.cached_property
+    def array(self) -> np.ndarray:
+        """The table as a NumPy array with one more row, the dead end: -1 becomes its number, ``len(table)``, and
+        every byte leads from it back to it (made once, for array code that must not stop at a dead end)."""
+        dead = len(self.table)
+        table = np.array(self.table + [[dead] * 256])
+        table[table < 0] = dead
+        return table.astype(np.int16 if dead < 2**15 - 1 else np.int32)  # small numbers: less memory to move
+
 
 def compile_regex(pattern: str) -> DFA:
     """The DFA of ``pattern`` (the subset in SUBSET; outside it, UnsupportedPattern, a ValueError), matching whole
@@ -499,41 +508,46 @@ def shared_levels(build, vocab: tuple[bytes | None, ...]) -> TrieLevels:
     return trie_levels(shared_trie(build, vocab), len(vocab))
 
 
-def all_masks(dfa: DFA, levels: TrieLevels, eos_ids: set[int], chunk: int = 64) -> torch.Tensor:
-    """Bool (states, vocab_size): row s is ``dfa_mask(dfa, s, ...)``, for every state of ``dfa`` at once.
+def all_masks(dfa: DFA, levels: TrieLevels, eos_ids: set[int], states: list[int] | None = None,
+              chunk: int = 64) -> torch.Tensor:
+    """Bool (len(states), vocab_size): row k is ``dfa_mask(dfa, states[k], ...)``; by default every state of ``dfa``.
 
-    It is dfa_mask's walk turned sideways: instead of one state going down the trie node by node, every state goes
+    It is dfa_mask's walk turned sideways: instead of one state going down the trie node by node, all the states go
     down it together, one depth at a time. The state at a node is the DFA's step from its parent's state on the
-    node's byte, so a whole depth, for all states, is one lookup in the table. A dead end (-1) becomes one more state
-    that every byte leads back to, so the walk never has to stop; a token is allowed where its node is not dead."""
-    n, vocab_size = len(dfa.table), len(levels.token_node)
-    dead = n
-    table = np.array(dfa.table + [[dead] * 256])
-    table[table < 0] = dead
-    table = table.astype(np.int16 if n < 2**15 - 1 else np.int32)  # small numbers: less memory to move
-    masks = np.empty((n, vocab_size), dtype=bool)
-    for lo in range(0, n, chunk):  # `chunk` states at a time: (nodes, chunk) states in memory, not (nodes, n)
-        states = np.arange(lo, min(lo + chunk, n))
-        at = np.empty((len(levels.parent), len(states)), dtype=table.dtype)  # at[node, j]: state j's state there
-        at[0] = states
+    node's byte, so a whole depth, for all states, is one lookup in the table. A dead end is one more state that every
+    byte leads back to (``dfa.array``), so the walk never has to stop; a token is allowed where its node is not dead."""
+    table, dead = dfa.array, len(dfa.table)
+    states = np.arange(dead) if states is None else np.asarray(states, dtype=np.int64)
+    masks = np.empty((len(states), len(levels.token_node)), dtype=bool)
+    for lo in range(0, len(states), chunk):  # `chunk` states at a time: (nodes, chunk) states in memory at most
+        at = np.empty((len(levels.parent), len(states[lo:lo + chunk])), dtype=table.dtype)  # at[node, j]: state j's
+        at[0] = states[lo:lo + chunk]
         for first, end in levels.depths:
             at[first:end] = table[at[levels.parent[first:end]], levels.byte[first:end, None]]
-        masks[states] = (at[levels.token_node] != dead).T
+        masks[lo:lo + chunk] = (at[levels.token_node] != dead).T
     masks[:, levels.token_node == 0] = False  # tokens without bytes
-    masks[np.ix_(np.array(dfa.accepting), np.array(sorted(eos_ids), dtype=np.int64))] = True  # end where it accepts
+    accepting = np.array(dfa.accepting)[states]
+    masks[np.ix_(accepting, np.array(sorted(eos_ids), dtype=np.int64))] = True  # the end, where the DFA accepts
     return torch.from_numpy(masks)
+
+
+MASK_BUDGET = 2**28  # booleans (256 MB): up to this, a constraint computes every state's mask when it is built
 
 
 class Constraint:
     """What generation may write, as a DFA on bytes with the trie of one vocabulary. ``allowed(ids)`` is the mask
     of the next token after the generated ``ids``; a mask depends only on the DFA state, so the masks of all states
-    are computed when the constraint is built (``all_masks``) and a step looks its state's up."""
+    are computed when the constraint is built (``all_masks``; for an automaton too big to hold them all, 64 states at
+    a time as they are met) and a step looks its state's up."""
 
     def __init__(self, dfa: DFA, vocab: list[bytes | None], eos_ids, description: str):
         self.dfa, self.vocab, self.eos_ids, self.description = dfa, vocab, set(eos_ids), description
         self.vocab_size = len(vocab)
         self.trie = shared_trie(build_trie, tuple(vocab))
-        self.masks = all_masks(dfa, shared_levels(build_trie, tuple(vocab)), self.eos_ids)  # (states, vocab_size)
+        self.levels = shared_levels(build_trie, tuple(vocab))
+        self.masks: dict[int, torch.Tensor] = {}  # state -> its mask
+        if len(dfa.table) * self.vocab_size <= MASK_BUDGET:
+            self.masks = dict(enumerate(all_masks(dfa, self.levels, self.eos_ids)))
 
     @classmethod
     def regex(cls, pattern: str, tokenizer, vocab_size: int | None = None) -> "Constraint":
@@ -571,6 +585,9 @@ class Constraint:
         state = self.state_after(ids)
         if state < 0:
             return torch.zeros(self.vocab_size, dtype=torch.bool)
+        if state not in self.masks:  # an automaton too big for MASK_BUDGET: 64 states' masks at a time, as met
+            block = list(range(state - state % 64, min(state - state % 64 + 64, len(self.dfa.table))))
+            self.masks.update(zip(block, all_masks(self.dfa, self.levels, self.eos_ids, block)))
         return self.masks[state]
 
     def dead_end(self, ids: list[int]) -> str:
