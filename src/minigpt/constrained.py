@@ -520,8 +520,9 @@ def all_masks(dfa: DFA, levels: TrieLevels, eos_ids: set[int], states: list[int]
     states = np.arange(dead) if states is None else np.asarray(states, dtype=np.int64)
     masks = np.empty((len(states), len(levels.token_node)), dtype=bool)
     for lo in range(0, len(states), chunk):  # `chunk` states at a time: (nodes, chunk) states in memory at most
-        at = np.empty((len(levels.parent), len(states[lo:lo + chunk])), dtype=table.dtype)  # at[node, j]: state j's
-        at[0] = states[lo:lo + chunk]
+        block = states[lo:lo + chunk]
+        at = np.empty((len(levels.parent), len(block)), dtype=table.dtype)  # at[node, j]: block[j]'s state there
+        at[0] = block
         for first, end in levels.depths:
             at[first:end] = table[at[levels.parent[first:end]], levels.byte[first:end, None]]
         masks[lo:lo + chunk] = (at[levels.token_node] != dead).T
