@@ -196,9 +196,9 @@ def _prompt(model, n: int) -> list[int]:
 
 
 def _step_times(model, positions: list[int], repeat: int,
-               without: bool = True) -> list[tuple[int, float, float, float, float]]:
+               without: bool = True) -> list[tuple[int, float, float, float, float, float]]:
     """(position, seconds of a decode step with the cache, without it, largest logit difference, with chapter 7's
-    optional StaticKVCache) at each position: the step that computes the token after ``position`` tokens, the
+    optional StaticKVCache, with its FastGPT) at each position: the step that computes the token after ``position`` tokens, the
     median of rounds in which the steps take turns. With the cache: one token through forward_with_cache onto a
     cache of ``position`` positions. Without: chapter 5's step, the whole window
     (``without=False``: not measured, nan)."""
@@ -206,7 +206,7 @@ def _step_times(model, positions: list[int], repeat: int,
 
     import torch
 
-    from minigpt.kv_cache import KVCache, StaticKVCache, forward_with_cache
+    from minigpt.kv_cache import FastGPT, KVCache, StaticKVCache, forward_with_cache
 
     ids = torch.tensor([_prompt(model, max(positions) + 1)])
     full = KVCache(model.config.n_layer)
@@ -214,6 +214,8 @@ def _step_times(model, positions: list[int], repeat: int,
     static = StaticKVCache(model.config, max(positions) + 1)  # are the cache of any p (causality)
     for layer in range(model.config.n_layer):
         static.append(layer, full.keys[layer], full.values[layer])
+    fast = FastGPT(model)
+    fast.cache = static  # the same cached positions
     rows = []
     for p in positions:
         def step():
@@ -229,28 +231,39 @@ def _step_times(model, positions: list[int], repeat: int,
             static.filled = [p] * model.config.n_layer  # (it writes position p again: the same keys and values)
             return forward_with_cache(model, ids[:, p:p + 1], static)[0, -1]
 
-        contenders = {"cached": lambda: step, "static": lambda: static_step} | (
+        def fast_step():
+            static.filled = [p] * model.config.n_layer
+            with torch.no_grad():
+                return fast.forward(ids[:, p:p + 1])[0, -1]
+
+        contenders = {"cached": lambda: step, "static": lambda: static_step, "fastgpt": lambda: fast_step} | (
             {"plain": lambda: plain_step} if without else {})
         measured = interleaved(contenders, repeat, STEP_BUDGET_S)
         t_cached, cached = statistics.median(measured["cached"][0]), measured["cached"][1]
-        t_plain, diff = float("nan"), (cached - measured["static"][1]).abs().max().item()
+        t_plain = float("nan")
+        diff = max((cached - measured[key][1]).abs().max().item() for key in ("static", "fastgpt"))
         if without:
             t_plain = statistics.median(measured["plain"][0])
             diff = max(diff, (cached - measured["plain"][1]).abs().max().item())
-        rows.append((p, t_cached, t_plain, diff, statistics.median(measured["static"][0])))
+        rows.append((p, t_cached, t_plain, diff, statistics.median(measured["static"][0]),
+                     statistics.median(measured["fastgpt"][0])))
     return rows
 
 
-def _estimate(rows, n_new: int, block: int) -> tuple[float, float]:
-    """Seconds to write ``n_new`` tokens after a one-token prompt, with and without the cache, from the per-step
-    timings (linear between the measured positions). Once the context is longer than the window, the window
-    slides and each step of CachedModel is a prefill of the whole window: the cost of a step without a cache."""
+def _estimate(rows, n_new: int, block: int, prompt: int = 1, column: int = 1) -> tuple[float, float]:
+    """Seconds to write ``n_new`` tokens after a prompt of ``prompt`` tokens, with and without the cache, from the
+    per-step timings (linear between the measured positions). The first token costs both a pass over the whole
+    prompt (the cache's prefill). Once the context is longer than the window, the window slides and each step of
+    CachedModel is a prefill of the whole window: the cost of a step without a cache. ``column``: the rows' cached
+    step times to use (1: CachedModel's, 5: FastGPT's)."""
     import numpy as np
 
     pos = [r[0] for r in rows]
-    cached = np.interp(np.arange(1, n_new + 1), pos, [r[1] for r in rows])
-    plain = np.interp(np.minimum(np.arange(1, n_new + 1), block - 1), pos, [r[2] for r in rows])
-    cached = np.where(np.arange(1, n_new + 1) >= block, plain, cached)
+    at = np.arange(prompt - 1, prompt - 1 + n_new)  # the position of the last token read, for each new token
+    cached = np.interp(at, pos, [r[column] for r in rows])
+    plain = np.interp(np.minimum(at, block - 1), pos, [r[2] for r in rows])
+    cached = np.where(at >= block, plain, cached)
+    cached[0] = plain[0]
     return float(cached.sum()), float(plain.sum())
 
 
@@ -269,7 +282,7 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
     import torch
 
     rows = [f"torch threads: {torch.get_num_threads()}; float32, batch 1; each step the median of {repeat} rounds "
-            f"(fewer once they took {STEP_BUDGET_S:.0f} s) in which the steps (cache, none, StaticKVCache) take turns; "
+            f"(fewer once they took {STEP_BUDGET_S:.0f} s) in which the steps (cache, none, StaticKVCache, FastGPT) take turns; "
             f"{load_average()} before. A step "
             "\"at position p\" computes the token after p tokens: with the cache, one new token through "
             "forward_with_cache; without, chapter 5's forward pass over the whole window.", ""]
@@ -282,9 +295,11 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
             raise SystemExit(f"kv-cache: the cached step's logits differ from the uncached one's by {worst:.1e}")
         rows += [f"### {_describe(name)}", "",
                  f"Decode step against position (largest logit difference, cache vs none: {worst:.1e}).", "",
-                 "| position | with cache (ms) | without (ms) | without / with | with StaticKVCache (ms) |",
-                 "|---:|---:|---:|---:|---:|"]
-        rows += [f"| {p} | {c * 1e3:.2f} | {n * 1e3:.2f} | {n / c:.1f}x | {st * 1e3:.2f} |" for p, c, n, _, st in steps]
+                 "| position | with cache (ms) | without (ms) | without / with | with StaticKVCache (ms) | "
+                 "FastGPT (ms) | without / FastGPT |",
+                 "|---:|---:|---:|---:|---:|---:|---:|"]
+        rows += [f"| {p} | {c * 1e3:.2f} | {n * 1e3:.2f} | {n / c:.1f}x | {st * 1e3:.2f} | {f * 1e3:.2f} | {n / f:.1f}x |"
+                 for p, c, n, _, st, f in steps]
         rows += ["", f"Writing N new tokens after a one-token prompt (window {block}: past it, every step of "
                      "CachedModel prefills the slid window).", "",
                  "| new tokens | with cache (s) | without (s) | speedup | how | identical ids |",
@@ -302,6 +317,12 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
                        "above (a whole run is too long)")
             rows.append(f"| {n_new} | {t_cached:.2f} | {t_plain:.2f} | {t_plain / t_cached:.1f}x | {how} | "
                         f"{'-' if same is None else same} |")
+        if not quick:  # the issue's case: 256 new tokens after a prompt of 128
+            for label, column in (("CachedModel", 1), ("FastGPT", 5)):
+                est_cached, est_plain = _estimate(steps, 256, block, prompt=128, column=column)
+                rows.append(f"| 256 after a prompt of 128, {label} | {est_cached:.2f} | {est_plain:.2f} | "
+                            f"{est_plain / est_cached:.1f}x | estimated as above, the prompt's prefill (without "
+                            "a cache) included | - |")
         rows.append("")
     return rows[:-1]
 
@@ -315,23 +336,26 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
     from transformers.utils import logging
 
     from minigpt.generation import token_stream
-    from minigpt.kv_cache import CachedModel, FastCachedModel
+    from minigpt.kv_cache import CachedModel, FastCachedModel, FastGPT
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each "
-            f"parameter checked), a prompt of 16 tokens, batch 1, torch threads: {torch.get_num_threads()}. "
-            f"{repeat} rounds in which the three take turns (interleaved, so that a slower stretch of a shared "
+            f"parameter checked), a prompt of 16 tokens (128 on GPT-2 small's shape), batch 1, torch threads: "
+            f"{torch.get_num_threads()}. FastGPT: chapter 7's FastCachedModel plus the LM head on the last position "
+            f"only, torch's fused kernels and widening weights stored transposed. "
+            f"{repeat} rounds in which the four take turns (interleaved, so that a slower stretch of a shared "
             f"machine slows all alike; fewer once they took {RUN_BUDGET_S:.0f} s); tokens/s of the median round, "
             f"min-max of the rounds beside it. Without the cache: one run. Before: {load_average()}.", "",
             "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | min-max | "
-            "minigpt + FastCachedModel (tok/s) | min-max | HF generate, use_cache=True (tok/s) | min-max | "
-            "HF speed / minigpt's (CachedModel, Fast) | identical ids |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "minigpt + FastCachedModel (tok/s) | min-max | minigpt FastGPT (tok/s) | min-max | "
+            "HF generate, use_cache=True (tok/s) | min-max | minigpt's time / HF's (CachedModel, Fast, FastGPT) | "
+            "FastGPT ms/token | identical ids |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name in _model_names(quick):
         model = _model(name)[0]
         n_new = {"tiny": 32, "shipped": 200, "gpt2-small-shape": 64}[name]
-        prompt = _prompt(model, 16)
+        prompt = _prompt(model, 128 if name == "gpt2-small-shape" else 16)
         with tempfile.TemporaryDirectory() as folder:
             model.save_pretrained(folder)
             hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
@@ -349,17 +373,21 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
         measured = interleaved({
             "hf": lambda: hf_run,
             "cached": lambda: lambda: list(token_stream(CachedModel(model), prompt, n_new)),
-            "fast": lambda: lambda: list(token_stream(FastCachedModel(model), prompt, n_new))}, repeat, RUN_BUDGET_S)
+            "fast": lambda: lambda: list(token_stream(FastCachedModel(model), prompt, n_new)),
+            "fastgpt": lambda: (lambda m: lambda: list(token_stream(m, prompt, n_new)))(FastGPT(model))},
+            repeat, RUN_BUDGET_S)
         t_plain, plain = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
         same = all(ids == plain for _, ids in measured.values())
         if not same:
             raise SystemExit(f"generate: {name}: minigpt's greedy ids differ from Hugging Face's")
         speeds = {key: [n_new / t for t in times] for key, (times, _) in measured.items()}
-        cells = [median_spread(speeds[key], 1) for key in ("cached", "fast", "hf")]
+        cells = [median_spread(speeds[key], 1) for key in ("cached", "fast", "fastgpt", "hf")]
         hf_time = statistics.median(measured["hf"][0])
-        ratios = ", ".join(f"{statistics.median(measured[key][0]) / hf_time:.2f}x" for key in ("cached", "fast"))
+        ratios = ", ".join(f"{statistics.median(measured[key][0]) / hf_time:.2f}x"
+                           for key in ("cached", "fast", "fastgpt"))
+        per_token = statistics.median(measured["fastgpt"][0]) / n_new * 1e3
         rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {' | '.join(cells)} | {ratios} | "
-                    f"{same} |")
+                    f"{per_token:.2f} | {same} |")
     return rows + ["", f"After: {load_average()}."]
 
 
@@ -384,15 +412,17 @@ def bench_bandwidth(repeat: int, quick: bool = False) -> list[str]:
     rows = [f"Memory bandwidth, measured: {bandwidth / 1e9:.1f} GB/s (torch copy of {size // MiB} MiB, read + "
             f"write, best of {repeat}). Bytes a decode step reads: the parameters (the tied token table once) and "
             "the KV cache at that position.", "",
-            "| model | position | step (ms, median) | bytes read (MiB) | achieved (GB/s) | share of bandwidth |",
-            "|---|---:|---:|---:|---:|---:|"]
+            "| model | position | step (ms, median) | bytes read (MiB) | achieved (GB/s) | share of bandwidth | "
+            "FastGPT step (ms) | FastGPT's share |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in _model_names(quick):
         model, positions, _ = _model(name)
         params = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
-        for p, t_cached, _, _, _ in _step_times(model, [positions[0], positions[-1]], repeat, without=False):
+        for p, t_cached, _, _, _, t_fast in _step_times(model, [positions[0], positions[-1]], repeat, without=False):
             read = params + kv_cache_bytes(model.config, p)
             rows.append(f"| {_describe(name).split(' (')[0]} | {p} | {t_cached * 1e3:.2f} | {read / MiB:.1f} | "
-                        f"{read / t_cached / 1e9:.2f} | {read / t_cached / bandwidth:.0%} |")
+                        f"{read / t_cached / 1e9:.2f} | {read / t_cached / bandwidth:.0%} | {t_fast * 1e3:.2f} | "
+                        f"{read / t_fast / bandwidth:.0%} |")
     return rows
 
 

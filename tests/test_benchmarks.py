@@ -34,7 +34,9 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     assert "Memory bandwidth, measured:" in text and text.count("| tiny random GPT |") == 2
     # fair comparisons: both sides float32, turns within rounds, the spread and the machine's load printed
     assert "both in float32" in text and "(interleaved" in text and "take turns" in text
-    assert "| minigpt + FastCachedModel (tok/s) | min-max | HF generate" in text and text.count("load average") >= 3
+    assert ("| minigpt + FastCachedModel (tok/s) | min-max | minigpt FastGPT (tok/s) | min-max | HF generate" in text
+            and text.count("load average") >= 3)
+    assert hf_row.count("|") == 15  # a cell in each column, FastGPT's ms per token among them
     assert "Traceback" not in out.stderr
 
 

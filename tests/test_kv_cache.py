@@ -5,7 +5,9 @@ logits of a prefill and of every decode step, for batches and for a prefill of s
 steps, and the cached keys and values themselves, tensor for tensor. Generation with ``CachedModel`` equals
 generation without it, greedy, seeded sampling and beam search, on random GPT-2s (also far past the window)
 and on the course's trained model, and equals Hugging Face's ``generate``. The cache's memory equals the
-formula, for the shipped model and for GPT-2 small (72 MiB at 1,024 tokens in float32). The hidden checks' own
+formula, for the shipped model and for GPT-2 small (72 MiB at 1,024 tokens in float32). The given FastGPT
+(the LM head on the last position, fused kernels, transposed widening weights), with each change on or off,
+equals Hugging Face step by step and generates what CachedModel generates. The hidden checks' own
 fixtures are tested too: they pass on the reference, the learner's side builds their models as the judge does, and
 no greedy step they rely on is a near tie.
 """
@@ -22,7 +24,7 @@ from autograder.checks import kv_cache as checks
 from autograder.helpers.kv_cache import held_bytes
 from minigpt.attention import CausalSelfAttention
 from minigpt.generation import last_logits, token_stream
-from minigpt.kv_cache import (CachedModel, FastCachedModel, KVCache, StaticKVCache, attention_with_cache,
+from minigpt.kv_cache import (CachedModel, FastCachedModel, FastGPT, KVCache, StaticKVCache, attention_with_cache,
                               forward_with_cache, kv_cache_bytes)
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
@@ -278,6 +280,88 @@ def test_the_shipped_model_with_the_fast_cache_equals_hugging_face_generate(ship
     model, hf = shipped
     prompt = coursekit.gpt2_encoding().encode("ROMEO:\nBut soft, what light")
     assert list(token_stream(FastCachedModel(model), prompt, 60)) == hf_greedy(hf, prompt, 60)
+
+
+# ---------------------------------------------------------------- FastGPT (given): three more changes
+
+OPTIONS = [{}, {"layout": False}, {"fused": False}, {"last_only": False}, {"fused": False, "layout": False}]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+def test_fast_gpt_logits_of_a_prefill_and_each_step_equal_hugging_face(pair, options):
+    hf, model = pair
+    idx = torch.randint(0, model.config.vocab_size, (1, model.config.block_size),
+                        generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = hf(idx).logits[0]
+    fast = FastGPT(model, **options)
+    prefill = fast(idx[:, :4])[0]
+    torch.testing.assert_close(prefill, want[:4] if options.get("last_only") is False else want[3:4],
+                               atol=ATOL, rtol=0)
+    for t in range(5, idx.shape[1] + 1):  # one new position per call
+        torch.testing.assert_close(fast(idx[:, :t])[0, -1], want[t - 1], atol=ATOL, rtol=0)
+        assert fast.cache.length == t
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+def test_fast_gpt_writes_what_hugging_face_and_cached_model_write(pair, options):
+    hf, model = pair
+    prompt, n = [1, 2, 3], model.config.block_size - 3
+    assert list(token_stream(FastGPT(model, **options), prompt, n)) == hf_greedy(hf, prompt, n)
+    far = 3 * model.config.block_size  # past the window: a prefill per step
+    for sampled in (False, True):
+        def run(m):
+            options_ = {"choose": Sampler(do_sample=True, seed=5, top_k=40)} if sampled else {}
+            return list(token_stream(m, [7, 3], far, **options_))
+        assert run(FastGPT(model, **options)) == run(CachedModel(model)), sampled
+
+
+def test_fast_gpt_transposes_the_widening_weights_only_and_reuses_its_cache():
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(vocab_size=40, block_size=8, n_layer=2, n_head=2, n_embd=8)).eval()
+    fast = FastGPT(model)
+    w_attn, w_proj, w_fc, w_out = fast.weights[1]
+    block = model.h[1]
+    assert w_attn.is_contiguous() and w_attn.data_ptr() != block.attn.c_attn.weight.data_ptr()  # (8, 24): a copy
+    assert w_fc.is_contiguous() and w_fc.shape == (8, 32)
+    for w, lin in ((w_proj, block.attn.c_proj), (w_out, block.mlp.c_proj)):  # square or narrowing: a view
+        assert w.data_ptr() == lin.weight.data_ptr() and torch.equal(w, lin.weight.t())
+    assert fast.head.shape == (8, 40) and fast.head.is_contiguous()
+    plain = FastGPT(model, layout=False)
+    assert all(w.data_ptr() == lin.weight.data_ptr() for w, lin in zip(plain.weights[0], (
+        model.h[0].attn.c_attn, model.h[0].attn.c_proj, model.h[0].mlp.c_fc, model.h[0].mlp.c_proj)))
+    list(token_stream(fast, [1, 2, 3], 4))
+    buffer = fast.cache.keys.data_ptr()
+    assert fast.cache.length == 6
+    assert list(token_stream(fast, [4, 5], 3)) == list(token_stream(model, [4, 5], 3))  # a new prompt: emptied
+    assert fast.cache.keys.data_ptr() == buffer and fast.cache.length == 4
+
+
+def test_fast_gpt_refuses_a_batch_and_recovers_from_a_call_stopped_halfway():
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=4, n_head=2, n_embd=16)).eval()
+    fast, ids = FastGPT(model), [3, 1, 4, 1, 5]
+    with pytest.raises(ValueError, match="one sequence at a time, not a batch of 2"):
+        fast(torch.tensor([ids, ids]))
+    fast(torch.tensor([ids]))
+    original = fast.cache.append
+
+    def stop(layer, k, v):  # an interrupt in the third of four layers
+        if layer == 2:
+            raise KeyboardInterrupt
+        return original(layer, k, v)
+
+    fast.cache.append = stop
+    with pytest.raises(KeyboardInterrupt):
+        fast(torch.tensor([ids + [9]]))
+    fast.cache.append = original
+    torch.testing.assert_close(fast(torch.tensor([ids + [9]]))[0, -1], last_logits(model, ids + [9]), atol=ATOL, rtol=0)
+
+
+def test_the_shipped_model_with_fast_gpt_equals_hugging_face_generate(shipped):
+    model, hf = shipped
+    prompt = coursekit.gpt2_encoding().encode("ROMEO:\nBut soft, what light")
+    assert list(token_stream(FastGPT(model), prompt, 60)) == hf_greedy(hf, prompt, 60)
 
 
 # ---------------------------------------------------------------- the course's model

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+import torch.nn.functional as F
 
 from .attention import attention, causal_mask
+from .transformer import gelu
 
 
 class KVCache:
@@ -136,5 +138,63 @@ class FastCachedModel:
         else:
             self.cache.filled = [0] * self.config.n_layer  # emptied, not made again
             logits = forward_with_cache(self.model, idx, self.cache)
+        self.ids = ids
+        return logits
+
+
+class FastGPT:
+    """Chapter 4's GPT made fast for writing one sequence (greedy decoding, sampling; not beams): a
+    StaticKVCache, the LM head on the last position only, torch's fused kernels, and weights laid out for
+    one-row products. ``last_only``, ``fused`` and ``layout`` switch the last three off, to measure each."""
+
+    def __init__(self, model: torch.nn.Module, *, last_only: bool = True, fused: bool = True, layout: bool = True):
+        self.model, self.config = model, model.config
+        self.last_only, self.fused = last_only, fused
+
+        def laid_out(linear: torch.nn.Linear) -> torch.Tensor:
+            w = linear.weight.detach().t()  # (in, out): x @ w is linear(x) without its bias
+            return w.contiguous() if layout and w.shape[1] > w.shape[0] else w  # a copy for a widening layer
+
+        self.weights = [[laid_out(lin) for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+                        for b in model.h]
+        self.head = laid_out(model.lm_head)
+        self.cache = StaticKVCache(self.config, dtype=self.head.dtype)
+        self.ids: tuple[int, ...] = ()  # the ids whose keys and values the cache holds
+
+    def norm(self, ln: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], ln.weight, ln.bias, ln.eps) if self.fused else ln(x)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (1, T, V) of the new ids idx (1, T) (of the last one only, (1, 1, V), with last_only)."""
+        m, c = self.model, self.config
+        T, head_size = idx.shape[1], c.n_embd // c.n_head
+        x = m.emb(idx, offset=self.cache.length)[0]  # (T, C): one sequence, so no batch dimension
+        for i, (block, (w_attn, w_proj, w_fc, w_out)) in enumerate(zip(m.h, self.weights)):
+            qkv = torch.addmm(block.attn.c_attn.bias, self.norm(block.ln_1, x), w_attn)  # (T, 3C)
+            q, k, v = qkv.view(T, 3, c.n_head, head_size).permute(1, 2, 0, 3).unsqueeze(1)  # 3 x (1, H, T, D)
+            k, v = self.cache.append(i, k, v)
+            mask = causal_mask(T, k.shape[2]) if T > 1 else None  # one new position may read every key
+            if self.fused:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                y, _ = attention(q, k, v, mask)
+            x = x + torch.addmm(block.attn.c_proj.bias, y[0].transpose(0, 1).reshape(T, c.n_embd), w_proj)
+            h = torch.addmm(block.mlp.c_fc.bias, self.norm(block.ln_2, x), w_fc)  # (T, 4C)
+            h = F.gelu(h, approximate="tanh") if self.fused else gelu(h)
+            x = x + torch.addmm(block.mlp.c_proj.bias, h, w_out)
+        if self.last_only:
+            x = x[-1:]
+        return (self.norm(m.ln_f, x) @ self.head).unsqueeze(0)
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits for idx (1, T): one new position when the cache holds idx[:, :-1], else a prefill."""
+        if idx.shape[0] != 1:
+            raise ValueError(f"FastGPT writes one sequence at a time, not a batch of {idx.shape[0]}")
+        ids = tuple(idx[0].tolist())
+        # as in FastCachedModel: a call stopped halfway leaves the first layers a position ahead: a prefill then
+        if ids[:-1] != self.ids or self.cache.filled != [len(self.ids)] * self.config.n_layer:
+            self.cache.filled, self.ids = [0] * self.config.n_layer, ()
+        with torch.no_grad():
+            logits = self.forward(idx[:, len(self.ids):])
         self.ids = ids
         return logits
