@@ -376,6 +376,38 @@ def nbgrader(workdir: Path, *args: str, verbose: bool = False) -> subprocess.Com
     return proc
 
 
+def nbgrader_steps(workdir: Path, steps: list[list[str]], verbose: bool = False) -> list[tuple[int, str]]:
+    """Several nbgrader commands in one process (autograder.nbgrader_steps: nbgrader's start-up paid once, not
+    once per command), one after the other; (exit code, output) of each. A command the process did not get to
+    (it died) gets exit code -1 and what the process printed last."""
+    from autograder.nbgrader_steps import MARKER
+
+    if not steps:
+        return []
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "autograder.nbgrader_steps", json.dumps(steps)], cwd=workdir,
+                          env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results, output = [], []
+    for line in proc.stdout.splitlines(keepends=True):
+        found = re.fullmatch(rf"{re.escape(MARKER)} (\d+) exit (-?\d+) seconds ([\d.]+)\n?", line)
+        if found and int(found[1]) == len(results):
+            results.append((int(found[2]), "".join(output), float(found[3])))
+            output = []
+        else:
+            output.append(line)
+    rest = "".join(output) + f"(the process that ran nbgrader's commands exited {proc.returncode})\n"
+    results += [(-1, rest, 0.0)] * (len(steps) - len(results))
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    with open(logs / "nbgrader.log", "a") as f:
+        f.write(f"# {len(steps)} nbgrader commands in one process, {time.monotonic() - start:.1f} s\n")
+        for args, (code, text, seconds) in zip(steps, results):
+            f.write(f"$ nbgrader {' '.join(args)}  (exit {code}, {seconds:.1f} s)\n{text}\n")
+            if verbose:
+                sys.stderr.write(text)
+    return [(code, text) for code, text, _ in results]
+
+
 def log_tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -462,10 +494,10 @@ class Workspace:
         if changed:
             self.forget(changed)  # results of a chapter whose solution or grader changed are out of date
             copy_sources(self.root, self.course_root, changed)
-            for ch in changed:
-                proc = nbgrader(self.root, "generate_assignment", ch, "--force", verbose=verbose)
-                if proc.returncode != 0:
-                    raise NbgraderFailed(f"nbgrader generate_assignment {ch} failed:\n{log_tail(proc.stdout)}")
+            steps = [["generate_assignment", ch, "--force"] for ch in changed]
+            for ch, (code, output) in zip(changed, nbgrader_steps(self.root, steps, verbose=verbose)):
+                if code != 0:
+                    raise NbgraderFailed(f"nbgrader generate_assignment {ch} failed:\n{log_tail(output)}")
             sources.update(self.sources)
             state["course_root"] = str(self.course_root)
             self.write_state(state)
@@ -939,13 +971,14 @@ def write_feedback(ws: Workspace, done: list[Submission], verbose: bool) -> None
                 receipt = submitted_path(ws.root, s.student, ch).parent / name
                 if receipt.is_file():
                     shutil.copyfile(receipt, dest.parent / name)
+    steps = []
+    for ch in sorted({s.chapter for s in done}):
         students = sorted({s.student for s in done if s.chapter == ch})
         args = ["generate_feedback", ch, "--force", "--CourseDirectory.autograded_directory=feedback-source"]
-        if len(students) == 1:
-            args += ["--student", students[0]]
-        proc = nbgrader(ws.root, *args, verbose=verbose)
-        if proc.returncode != 0:
-            warn(f"nbgrader generate_feedback {ch} failed (scores are unaffected):\n{log_tail(proc.stdout)}")
+        steps.append(args + (["--student", students[0]] if len(students) == 1 else []))
+    for args, (code, output) in zip(steps, nbgrader_steps(ws.root, steps, verbose=verbose)):
+        if code != 0:
+            warn(f"nbgrader generate_feedback {args[1]} failed (scores are unaffected):\n{log_tail(output)}")
 
 
 def learner_page(student: str, results: list[Result], root: Path) -> str:

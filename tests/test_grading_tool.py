@@ -198,6 +198,20 @@ def test_table_shows_scores_and_lost_points(class_run):
     assert "check_add(" not in table and "check(" not in table
 
 
+def test_nbgrader_commands_share_one_process_and_keep_their_own_results(course, solution_run):
+    """The instructor-side nbgrader commands of a batch run in one process: a failing one neither hides the
+    others' results nor stops them, and each keeps its own exit code and output."""
+    workdir = course / ".grading"
+    steps = [["generate_assignment", "no-such-chapter", "--force"], ["generate_assignment", CHAPTER, "--force"],
+             ["generate_feedback", CHAPTER, "--no-such-flag"]]
+    results = grade.nbgrader_steps(workdir, steps)
+    assert [code != 0 for code, _ in results] == [True, False, True]
+    assert "no-such-chapter" in results[0][1] and "no-such-chapter" not in results[1][1]
+    assert (workdir / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb").is_file()
+    log = (workdir / "logs" / "nbgrader.log").read_text()
+    assert "# 3 nbgrader commands in one process" in log and f"$ nbgrader generate_assignment {CHAPTER} --force" in log
+
+
 @pytest.mark.slow
 def test_exit_1_when_nbgrader_cannot_run(tmp_path, capsys):
     (tmp_path / "solutions" / CHAPTER).mkdir(parents=True)
