@@ -358,45 +358,16 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PATH": path, **(extra or {})}
 
 
-def nbgrader(workdir: Path, *args: str, verbose: bool = False) -> subprocess.CompletedProcess:
-    """Run one nbgrader command in a course directory (never on learner code: generate_assignment and
-    generate_feedback only)."""
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args],
-        cwd=workdir, env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    logs = workdir / "logs"
-    logs.mkdir(exist_ok=True)
-    with open(logs / "nbgrader.log", "a") as f:
-        f.write(f"$ nbgrader {' '.join(args)}  (exit {proc.returncode}, {time.monotonic() - start:.1f} s)\n")
-        f.write(proc.stdout + "\n")
-    if verbose:
-        sys.stderr.write(proc.stdout)
-    return proc
-
-
 def nbgrader_steps(workdir: Path, steps: list[list[str]], verbose: bool = False) -> list[tuple[int, str]]:
     """Several nbgrader commands in one process (autograder.nbgrader_steps: nbgrader's start-up paid once, not
-    once per command), one after the other; (exit code, output) of each. A command the process did not get to
-    (it died) gets exit code -1 and what the process printed last."""
-    from autograder.nbgrader_steps import MARKER
-
+    once per command), one after the other; (exit code, output) of each, as split_steps reads them."""
     if not steps:
         return []
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "autograder.nbgrader_steps", json.dumps(steps)], cwd=workdir,
-                          env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    results, output = [], []
-    for line in proc.stdout.splitlines(keepends=True):
-        found = re.fullmatch(rf"{re.escape(MARKER)} (\d+) exit (-?\d+) seconds ([\d.]+)\n?", line)
-        if found and int(found[1]) == len(results):
-            results.append((int(found[2]), "".join(output), float(found[3])))
-            output = []
-        else:
-            output.append(line)
-    rest = "".join(output) + f"(the process that ran nbgrader's commands exited {proc.returncode})\n"
-    results += [(-1, rest, 0.0)] * (len(steps) - len(results))
+    nonce = secrets.token_hex(16)  # marks the end of each command: no line a command prints can pose as one
+    proc = subprocess.run([sys.executable, "-m", "autograder.nbgrader_steps", nonce, json.dumps(steps)],
+                          cwd=workdir, env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = split_steps(proc.stdout, nonce, len(steps), proc.returncode)
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
     with open(logs / "nbgrader.log", "a") as f:
@@ -406,6 +377,24 @@ def nbgrader_steps(workdir: Path, steps: list[list[str]], verbose: bool = False)
             if verbose:
                 sys.stderr.write(text)
     return [(code, text) for code, text, _ in results]
+
+
+def split_steps(stdout: str, nonce: str, count: int, returncode: int) -> list[tuple[int, str, float]]:
+    """(exit code, output, seconds) of each of ``count`` commands from the output of autograder.nbgrader_steps;
+    a command the process did not get to (it died) gets exit code -1 and what the process printed last."""
+    from autograder.nbgrader_steps import MARKER
+
+    marker = re.compile(rf"{re.escape(MARKER)} {re.escape(nonce)} (\d+) exit (-?\d+) seconds ([\d.]+)\n?")
+    results, output = [], []
+    for line in stdout.splitlines(keepends=True):
+        found = marker.fullmatch(line)
+        if found and int(found[1]) == len(results):
+            results.append((int(found[2]), "".join(output), float(found[3])))
+            output = []
+        else:
+            output.append(line)
+    rest = "".join(output) + f"(the process that ran nbgrader's commands exited {returncode})\n"
+    return (results + [(-1, rest, 0.0)] * count)[:count]
 
 
 def log_tail(text: str, lines: int = 15) -> str:

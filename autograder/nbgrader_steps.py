@@ -1,10 +1,11 @@
-"""Several nbgrader commands in one process: `python -m autograder.nbgrader_steps '<json list of argument lists>'`.
+"""Several nbgrader commands in one process: `python -m autograder.nbgrader_steps NONCE '<json list of argument lists>'`.
 
 minigpt-grade runs nbgrader's own commands (generate_assignment, generate_feedback) on the instructor's side, never
 on learner code. Started one process each, a class's chapters pay nbgrader's start-up (its imports, its config)
 once per chapter and command; here they pay it once. Each command runs as the command line would run it (the
 same application, the same config files from the current folder), and its output is followed by a line
-``MARKER <index> exit <code> seconds <seconds>`` so that the caller can tell the commands' logs and results apart.
+``MARKER NONCE <index> exit <code> seconds <seconds>`` so that the caller can tell the commands' logs and results
+apart; the nonce, new for each run, keeps any line a command prints (a notebook's text in a log) from posing as one.
 """
 from __future__ import annotations
 
@@ -37,14 +38,15 @@ def run_step(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    steps = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    nonce, steps = (sys.argv[1:] if argv is None else argv)
+    steps = json.loads(steps)
     worst = 0
     for i, args in enumerate(steps):
         start = time.monotonic()
         code = run_step(args)
         sys.stdout.flush()
         sys.stderr.flush()
-        print(f"{MARKER} {i} exit {code} seconds {time.monotonic() - start:.1f}", flush=True)
+        print(f"{MARKER} {nonce} {i} exit {code} seconds {time.monotonic() - start:.1f}", flush=True)
         worst = worst or code
     return worst
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autograder.grade import DEFAULT_COURSE_ROOT, copy_sources, course_chapters, log_tail, nbgrader, write_config
+from autograder.grade import DEFAULT_COURSE_ROOT, copy_sources, course_chapters, log_tail, nbgrader_steps, write_config
 
 
 def generate(course_root: Path, workdir: Path) -> Path:
@@ -25,10 +25,10 @@ def generate(course_root: Path, workdir: Path) -> Path:
     workdir.mkdir(parents=True)
     write_config(workdir)
     copy_sources(workdir, course_root, chapters)
-    for ch in chapters:
-        proc = nbgrader(workdir, "generate_assignment", ch, "--force")
-        if proc.returncode != 0:
-            raise SystemExit(f"nbgrader generate_assignment {ch} failed:\n{log_tail(proc.stdout)}")
+    steps = [["generate_assignment", ch, "--force"] for ch in chapters]
+    for ch, (code, output) in zip(chapters, nbgrader_steps(workdir, steps)):
+        if code != 0:
+            raise SystemExit(f"nbgrader generate_assignment {ch} failed:\n{log_tail(output)}")
     return workdir / "notebooks"
 
 

@@ -342,8 +342,8 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
     logging.disable_progress_bar()
     rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each "
             f"parameter checked), a prompt of 16 tokens (128 on GPT-2 small's shape), batch 1, torch threads: "
-            f"{torch.get_num_threads()}. FastGPT: chapter 7's FastCachedModel plus the LM head on the last position "
-            f"only, torch's fused kernels and widening weights stored transposed. "
+            f"{torch.get_num_threads()}. FastGPT (chapter 7): a StaticKVCache as FastCachedModel's, plus the LM head on "
+            f"the last position only, torch's fused kernels and widening weights stored transposed. "
             f"{repeat} rounds in which the four take turns (interleaved, so that a slower stretch of a shared "
             f"machine slows all alike; fewer once they took {RUN_BUDGET_S:.0f} s); tokens/s of the median round, "
             f"min-max of the rounds beside it. Without the cache: one run. Before: {load_average()}.", "",

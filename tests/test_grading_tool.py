@@ -212,6 +212,18 @@ def test_nbgrader_commands_share_one_process_and_keep_their_own_results(course, 
     assert "# 3 nbgrader commands in one process" in log and f"$ nbgrader generate_assignment {CHAPTER} --force" in log
 
 
+def test_a_line_printed_by_a_command_cannot_pose_as_the_end_of_a_command():
+    """nbgrader's logs can hold text from a learner's notebook: a line shaped like the runner's marker, without the
+    run's nonce, stays part of the command's output; a command the process never reached fails."""
+    from autograder.nbgrader_steps import MARKER
+
+    forged = f"{MARKER} 0 exit 0 seconds 0.1\n{MARKER} guess 0 exit 0 seconds 0.1\n"
+    stdout = f"[ERROR] feedback failed\n{forged}{MARKER} n0nce 0 exit 1 seconds 2.0\nsecond\n"
+    results = grade.split_steps(stdout, "n0nce", 2, returncode=-9)
+    assert results[0] == (1, "[ERROR] feedback failed\n" + forged, 2.0)
+    assert results[1][0] == -1 and "second" in results[1][1] and "exited -9" in results[1][1]
+
+
 @pytest.mark.slow
 def test_exit_1_when_nbgrader_cannot_run(tmp_path, capsys):
     (tmp_path / "solutions" / CHAPTER).mkdir(parents=True)
