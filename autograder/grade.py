@@ -47,12 +47,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 import nbformat
 
 from autograder import sandbox
+from autograder.run import HIDDEN_BLOCK, JudgeFailed, RunOutcome, blocked_modules, judged_cells, run_one, valid_text
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BASE_CONFIG = PACKAGE_DIR / "nbgrader_config.py"
@@ -60,8 +62,6 @@ DEFAULT_COURSE_ROOT = PACKAGE_DIR.parent
 WORKSPACE_MARKER = ".minigpt-grade-workspace"
 MESSAGE_MAX_LINES = 8
 MESSAGE_MAX_CHARS = 1000
-OUTPUT_MAX_CHARS = 100_000  # per output of the autograded notebook kept in the workspace
-OUTPUTS_PER_CELL = 200
 MAX_SUBMISSION = 20 * 1024 * 1024  # bytes of a notebook handed in
 # nbgrader's receipt of a notebook handed in through its exchange: `nbgrader collect` puts these beside it in
 # submitted/<student>/<chapter>/, and `nbgrader release_feedback` needs them beside the feedback page (the secret
@@ -74,12 +74,7 @@ DEFAULT_MEMORY = "4G"  # all of one notebook's processes together, and each one'
 DEFAULT_CELL_TIMEOUT = 120  # the course's nbgrader setting (autograder/nbgrader_config.py)
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-HIDDEN_BLOCK = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.S | re.M)
 HIDDEN_NOTE = "# (hidden tests ran here; what they found is below)\n"
-# The outputs a notebook may show in the autograded copy and the feedback: text and pictures, never HTML or
-# scripts (they would run in the instructor's formgrader and the learner's feedback page).
-SHOWN_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
-BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 # What a submission's own code should have no business mentioning. A match does not change the score; it
 # puts the submission on the instructor's review list.
 SUSPICIOUS = [
@@ -552,11 +547,24 @@ def atomic_write(path: Path, text: str) -> None:
 def read_notebook(data: bytes | Path) -> nbformat.NotebookNode | str:
     """The notebook, or why it is not one."""
     try:
-        text = data.read_bytes() if isinstance(data, Path) else data
-        return nbformat.reads(text.decode("utf-8"), as_version=4)
+        text = (data.read_bytes() if isinstance(data, Path) else data).decode("utf-8")
+        if re.search(r"\\u[dD][89a-fA-F]", text):  # a lone surrogate parses, and then nothing can write it
+            text = json.dumps(_valid(json.loads(text)))
+        return nbformat.reads(text, as_version=4)
     except Exception as e:  # noqa: BLE001 (any way of not being a notebook)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         return f"not a notebook ({reason[:300]})"
+
+
+def _valid(data):
+    """JSON data with every string made valid Unicode (``run.valid_text``)."""
+    if isinstance(data, str):
+        return valid_text(data)
+    if isinstance(data, list):
+        return [_valid(v) for v in data]
+    if isinstance(data, dict):
+        return {valid_text(k): _valid(v) for k, v in data.items()}
+    return data
 
 
 def wrong_chapter(nb: nbformat.NotebookNode, released: dict[str, str], others: dict[str, set[str]]) -> str | None:
@@ -629,121 +637,20 @@ def sanitize(nb: nbformat.NotebookNode, ws: Workspace, s: Submission) -> nbforma
 # One run: the notebook in a sandbox, its hidden cells judged here
 
 
-@dataclasses.dataclass
-class RunOutcome:
-    verdicts: dict  # {grade_id: judge.Verdict}
-    executed: dict | None  # what the executor sent back (untrusted): {"executed": notebook JSON, "status", ...}
-    seconds: float
-    incident: str = ""  # what stopped the notebook before its end, in a learner's terms
-    log: str = ""
-    started: bool = True  # False: the kernel never ran a cell (the machine's doing: run it again)
-
-
-def judged_cells(nb: nbformat.NotebookNode) -> list[str]:
-    """The test cells whose hidden tests call the judge."""
-    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
-            if c.metadata.get("nbgrader", {}).get("grade") and HIDDEN_BLOCK.search(c.source)]
-
-
-def solution_cell_names(nb: nbformat.NotebookNode) -> dict[str, str]:
-    """{sha1 of a cell's source: its grade id}, to name the cell of a line where the learner's code failed."""
-    names = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("grade_id"):
-            digest = hashlib.sha1(cell.source.rstrip("\n").encode("utf-8", "surrogatepass")).hexdigest()
-            names[digest] = meta["grade_id"]
-    return names
-
-
-def blocked_modules(chapter: str) -> list[str]:
-    """The reference modules a notebook of ``chapter`` may not import: its own chapter's and later ones'. A
-    chapter without a module of its own (the capstone) may import every chapter before it."""
-    from minigpt import CHAPTERS
-
-    return sorted(f"minigpt.{module}" for folder, module in CHAPTERS.items() if folder[:2] >= chapter[:2])
-
-
-def run_one(s: Submission, nb: nbformat.NotebookNode, limits: Limits, sandboxed: bool,
-            threads: int = 1) -> RunOutcome:
-    """Run a sanitized notebook; a run whose kernel never started (no cell ran) is run once more."""
-    outcome = _run_once(s, nb, limits, sandboxed, threads)
-    if not outcome.started:
-        first = outcome.seconds
-        outcome = _run_once(s, nb, limits, sandboxed, threads)
-        outcome.seconds += first
-    return outcome
-
-
-def _run_once(s: Submission, nb: nbformat.NotebookNode, limits: Limits, sandboxed: bool,
-              threads: int) -> RunOutcome:
-    from autograder.judge import RunJudge
-
-    run_dir = Path(tempfile.mkdtemp(prefix="minigpt-run-"))  # short: a socket's path has at most 107 bytes
-    try:
-        name = f"{s.chapter}.ipynb"
-        (run_dir / "in").mkdir()
-        (run_dir / "sock").mkdir()
-        nbformat.write(nb, run_dir / "in" / name)
-        blocked = blocked_modules(s.chapter)
-        sandbox.prepare(run_dir, s.chapter, blocked)
-        box = sandbox.Limits(memory=limits.memory, processes=limits.processes, timeout=limits.timeout)
-        with RunJudge(run_dir / "sock" / "judge", judged_cells(nb), solution_cell_names(nb),
-                      cell_timeout=limits.cell_timeout + 15) as judge:
-            if sandboxed:
-                args = sandbox.command(chapter=s.chapter, blocked=blocked, run_dir=run_dir, notebook_name=name,
-                                       cell_timeout=limits.cell_timeout, limits=box, threads=threads)
-                outcome = sandbox.run(args, box)
-            else:
-                work = run_dir / "work"
-                work.mkdir()
-                shutil.copyfile(run_dir / "in" / name, work / name)
-                env = {**nbgrader_env(), "MINIGPT_JUDGE": str(run_dir / "sock" / "judge"),
-                       "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": str(threads),
-                       "NBGRADER_EXECUTION": "autograde"}
-                outcome = sandbox.run([sys.executable, "-m", "autograder.execute", str(work / name), "--timeout",
-                                       str(limits.cell_timeout)], box, env=env, cwd=work)
-        executed = judge.executed
-        ran = _cells_run(executed)
-        incident = ""
-        if outcome.timed_out:
-            incident = f"stopped at the time limit for the whole notebook ({limits.timeout:g} s)"
-        elif outcome.memory_exceeded:
-            incident = (f"stopped: the notebook's processes together used more than the memory limit "
-                        f"({limits.memory / 2**30:.1f} GiB)")
-        elif executed is None:
-            incident = "the notebook stopped before its end (its run was killed from inside)"
-        elif executed.get("status") != "ran":
-            detail = str(executed.get("detail")).strip().splitlines()[0][:200] if executed.get("detail") else ""
-            incident = ("a cell ran past its time limit and did not stop when interrupted" if "Timeout" in detail
-                        else "the notebook's kernel died before the end") + (f" ({detail})" if detail else "")
-        return RunOutcome(judge.verdicts, executed, outcome.seconds, incident,
-                          log=outcome.log + "".join(f"\nrefused: {why}" for why in judge.refused),
-                          started=ran > 0 or outcome.timed_out or bool(judge.verdicts))
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _cells_run(executed: dict | None) -> int:
-    if not isinstance(executed, dict) or not isinstance(executed.get("executed"), str):
-        return 0
-    return executed["executed"].count('"execution_count": ') - executed["executed"].count('"execution_count": null')
-
-
 # ---------------------------------------------------------------------------------------------------
 # The autograded notebook: trusted cells, the run's outputs (checked), the judge's verdicts
 
 
 def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNode:
     """The sanitized notebook with the outputs the run reported (only text and pictures, cut to size, and only
-    if the executed notebook has the same cells) and, in each test cell with hidden tests, the judge's verdict:
-    an error output when the tests failed or did not run."""
+    if the executed notebook has the same cells) and, in each test cell with hidden tests, what the judge found:
+    each part's weight and result where the cell has several, and an error output when its tests failed or did
+    not run. What is shown here explains the score; it never makes it (``cell_scores``)."""
     nb = copy.deepcopy(nb)
-    outputs = executed_outputs(run.executed, nb)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        cell.outputs, cell.execution_count = outputs.get(i, ([], None))[0], outputs.get(i, ([], None))[1]
+        cell.outputs, cell.execution_count = run.outputs.get(i, ([], None))
         meta = cell.metadata.get("nbgrader", {})
         if not (meta.get("grade") and HIDDEN_BLOCK.search(cell.source)):
             continue
@@ -753,86 +660,57 @@ def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNod
             cell.outputs.append(_error("NotRun", "the hidden tests of this cell did not run" + (
                 f": {run.incident}" if run.incident else " (the notebook stopped them before they reached the grader)")))
         elif verdict is not None and not verdict.passed:
+            if len(verdict.parts) > 1:
+                total = sum(p.weight for p in verdict.parts)
+                cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text="".join(
+                    f"{'passed' if p.passed else 'FAILED'}: {p.name} ({p.weight:g} of {total:g} of this cell's "
+                    f"points)\n" for p in verdict.parts)))
             ename = {"failed": "AssertionError", "unfinished": "Unfinished"}.get(verdict.status, "GraderError")
             cell.outputs.append(_error(ename, verdict.message))
     return nb
+
+
+def cell_scores(nb: nbformat.NotebookNode, verdicts: dict) -> dict[str, float]:
+    """{grade_id: score} of every test cell with hidden tests, from the judge's verdicts alone: the cell's points
+    times the share of its checks' weights that passed; 0 where its hidden tests did not reach the judge. Nothing
+    the notebook shows (an output, a number, an error) enters it."""
+    scores = {}
+    for grade_id in judged_cells(nb):
+        points = next(float(c.metadata["nbgrader"].get("points") or 0) for c in nb.cells
+                      if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        verdict = verdicts.get(grade_id)
+        scores[grade_id] = round(points * verdict.fraction, 2) if verdict is not None else 0.0
+    return scores
 
 
 def _error(ename: str, evalue: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
-def executed_outputs(executed: dict | None, nb: nbformat.NotebookNode) -> dict[int, tuple[list, int | None]]:
-    """{cell index: (outputs, execution count)} from what the executor sent, or {} if it does not match the
-    notebook cell for cell (a forged or broken report shows nothing)."""
-    if not isinstance(executed, dict) or not isinstance(executed.get("executed"), str):
-        return {}
-    try:
-        ran = json.loads(executed["executed"])
-        cells = ran["cells"]
-        if not isinstance(cells, list) or len(cells) != len(nb.cells):
-            return {}
-    except (ValueError, KeyError, TypeError):
-        return {}
-    out = {}
-    for i, (cell, theirs) in enumerate(zip(nb.cells, cells)):
-        if cell.cell_type != "code" or not isinstance(theirs, dict) or theirs.get("id") != cell.get("id"):
-            if cell.cell_type == "code":
-                return {}
-            continue
-        count = theirs.get("execution_count")
-        outputs = theirs.get("outputs") if isinstance(theirs.get("outputs"), list) else []
-        cleaned = [o for o in (_clean_output(o) for o in outputs[:OUTPUTS_PER_CELL]) if o is not None]
-        out[i] = (cleaned, count if isinstance(count, int) and not isinstance(count, bool) else None)
-    return out
+def judged_grades(scores: dict[str, float]):
+    """nbgrader's SaveAutoGrades (its gradebook rows, comments and bookkeeping), but a test cell's score is the
+    judge's: nbgrader's own rule (``determine_grade``) reads it from the cell's outputs, which the learner's code
+    wrote. A graded cell that the judge does not score waits for manual grading."""
+    from nbgrader.preprocessors import SaveAutoGrades
+
+    class JudgedGrades(SaveAutoGrades):
+        def _add_score(self, cell, resources):
+            grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
+                                              self.assignment_id, self.student_id)
+            grade.auto_score = scores.get(cell.metadata["nbgrader"]["grade_id"])
+            grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+            self.gradebook.db.commit()
+
+    return JudgedGrades()
 
 
-def _clip(text) -> str:
-    if isinstance(text, list):
-        text = "".join(t for t in text if isinstance(t, str))
-    if not isinstance(text, str):
-        return ""
-    if len(text) <= OUTPUT_MAX_CHARS:
-        return text
-    return text[:OUTPUT_MAX_CHARS] + f"\n... [{len(text) - OUTPUT_MAX_CHARS:,} more characters cut by the grader]\n"
-
-
-def _clean_output(o) -> nbformat.NotebookNode | None:
-    """One output as the grader keeps it: stdout/stderr text, plain text, PNG/JPEG pictures, errors."""
-    if not isinstance(o, dict):
-        return None
-    kind = o.get("output_type")
-    if kind == "stream":
-        name = o.get("name") if o.get("name") in ("stdout", "stderr") else "stdout"
-        return nbformat.v4.new_output("stream", name=name, text=_clip(o.get("text")))
-    if kind == "error":
-        tb = o.get("traceback") if isinstance(o.get("traceback"), list) else []
-        return nbformat.v4.new_output("error", ename=_clip(o.get("ename"))[:200] or "Error",
-                                      evalue=_clip(o.get("evalue"))[:MESSAGE_MAX_CHARS * 4],
-                                      traceback=[_clip(line)[:2000] for line in tb[:100]])
-    if kind in ("display_data", "execute_result"):
-        data = o.get("data") if isinstance(o.get("data"), dict) else {}
-        kept = {}
-        for mime in SHOWN_MIMETYPES:
-            value = _clip(data.get(mime)) if mime in data else None
-            if value and (mime == "text/plain" or (len(value) < OUTPUT_MAX_CHARS and BASE64.fullmatch(value))):
-                kept[mime] = value
-        if not kept:
-            return None
-        if kind == "execute_result":
-            count = o.get("execution_count")
-            return nbformat.v4.new_output(kind, data=kept,
-                                          execution_count=count if isinstance(count, int) else None)
-        return nbformat.v4.new_output(kind, data=kept)
-    return None
-
-
-def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, submitted: bytes,
+def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, scores: dict[str, float], submitted: bytes,
            receipt: dict[str, bytes] | None = None) -> None:
-    """Put one run's grades into the workspace's gradebook with nbgrader's own SaveAutoGrades, and its
-    notebooks where nbgrader keeps them (submitted/, with its exchange receipt; autograded/)."""
+    """Put one run's scores (``cell_scores``: the judge's) into the workspace's gradebook through nbgrader's own
+    SaveAutoGrades, and its notebooks where nbgrader keeps them (submitted/, with its exchange receipt;
+    autograded/)."""
     from nbgrader.api import Gradebook
-    from nbgrader.preprocessors import LimitOutput, SaveAutoGrades
+    from nbgrader.preprocessors import LimitOutput
 
     dest = submitted_path(ws.root, s.student, s.chapter)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -849,11 +727,12 @@ def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, submitted: b
     resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student,
                               "db_url": ws.db_url}}
     nb, resources = LimitOutput().preprocess(nb, resources)
-    SaveAutoGrades().preprocess(nb, resources)
+    text = nbformat.writes(nb)  # before the gradebook: a notebook that cannot be written records no score
+    judged_grades(scores).preprocess(nb, resources)
     path = autograded_path(ws.root, s.student, s.chapter)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    nbformat.write(nb, path)
+    path.write_text(text, encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1077,15 +956,45 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, future, data, Gradebook) -> Result:
+    """One notebook's row once its judge process is done: its scores recorded (in this process alone, which
+    writes the gradebook), or an ``error`` row that says what went wrong. Whatever goes wrong here (the judge
+    process, its result, the writing of this notebook's files) costs this notebook alone, and is graded again
+    on the next run."""
+    seconds = None
+    try:
+        run = future.result()
+        seconds = round(run.seconds, 1)
+        if not run.started:
+            r = Result(s.student, s.chapter, "error", detail="the notebook's kernel did not start, twice "
+                       "(the machine's doing, not the notebook's: run the batch again)")
+            r.log = str(ws.keep_log(s.student, s.chapter, run.log))
+        else:
+            nb = assemble(prepared, run)
+            record(ws, s, nb, cell_scores(prepared, run.verdicts), *data)
+            with Gradebook(ws.db_url) as gb:
+                r = read_result(gb, ws.root, s.student, s.chapter)
+            r.detail = run.incident
+            if run.incident:
+                r.log = str(ws.keep_log(s.student, s.chapter, run.log))
+    except JudgeFailed as err:
+        r = Result(s.student, s.chapter, "error", detail=f"its judge stopped: {err}")
+    except Exception as err:  # noqa: BLE001 (a bug of ours, or a result we cannot write: this notebook's row)
+        traceback.print_exc(file=sys.stderr)
+        r = Result(s.student, s.chapter, "error",
+                   detail=f"the grader could not record it ({type(err).__name__}; see the grader's log)")
+    r.seconds = seconds
+    return r
+
+
 def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jobs: int | None = None,
           limits: Limits = Limits(), fresh: bool = False, progress: bool = False, verbose: bool = False,
-          sandboxed: bool = True) -> list[Result]:
+          sandboxed: bool = True, checks: list[str] = ()) -> list[Result]:
     """Grade every submission (reusing results recorded for the same notebook, chapter and grader), and return
     a result per submission, in order. ``sandboxed=False`` runs the notebooks without a sandbox (the learner's
-    code then runs with the grader's rights: every row says so)."""
+    code then runs with the grader's rights: every row says so). ``checks``: modules of checks of the course's own,
+    imported by each notebook's judge."""
     from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
-
-    from autograder import judge
 
     if sandboxed and (why := sandbox.missing()):
         raise UsageError(f"cannot grade in a sandbox: {why}. Install it, or grade without isolation with "
@@ -1097,10 +1006,6 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     chapters = sorted({s.chapter for s in submissions})
     ws = Workspace(workdir, course_root)
     ws.open(chapters, fresh, verbose)
-    import transformers  # noqa: F401 (its lazy imports are not thread-safe: load the parts checks use before
-    transformers.GPT2LMHeadModel  # noqa: B018    several notebooks are judged at once)
-    for ch in chapters:
-        judge.checks(ch)  # the checks, torch and the oracles load once, before the first notebook runs
     released = {ch: ws.released_grade_ids(ch) for ch in chapters}
     all_ids = {ch: set(ids) for ch, ids in released.items()}
     for ch in course_chapters(course_root):
@@ -1165,24 +1070,14 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         jobs = jobs or default_jobs()
         threads = max(1, default_jobs() // min(jobs, max(1, len(todo))))  # each notebook's share of the cores
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_one, s, prepared, limits, sandboxed, threads):
+            futures = {pool.submit(run_one, s.chapter, prepared, limits, sandboxed, threads, checks):
                        (s, digest, data, prepared, notes) for s, digest, data, prepared, notes in todo}
             for future in concurrent.futures.as_completed(futures):
                 s, digest, data, prepared, notes = futures[future]
-                run = future.result()
-                if not run.started:
-                    r = Result(s.student, s.chapter, "error", detail="the notebook's kernel did not start, twice "
-                               "(the machine's doing, not the notebook's: run the batch again)")
-                    r.log = str(ws.keep_log(s.student, s.chapter, run.log))
-                else:
-                    record(ws, s, assemble(prepared, run), *data)  # this thread alone writes the gradebook
-                    with Gradebook(ws.db_url) as gb:
-                        r = read_result(gb, ws.root, s.student, s.chapter)
-                    r.detail = run.incident
-                    if run.incident:
-                        r.log = str(ws.keep_log(s.student, s.chapter, run.log))
+                r = settle(ws, s, prepared, future, data, Gradebook)
+                if r.status == "graded":
                     graded.append(s)
-                r.review, r.seconds, r.isolation = notes, round(run.seconds, 1), isolation
+                r.review, r.isolation = notes, isolation
                 finish(s, r, digest)
     finally:
         bar.close()
@@ -1320,7 +1215,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_sandbox:
             warn("--no-sandbox: the notebooks' code runs with your rights, not isolated; grade only notebooks you trust")
         results = grade(submissions, course_root, workdir, jobs=args.jobs, limits=limits, fresh=args.fresh,
-                        progress=not args.quiet, verbose=args.verbose, sandboxed=not args.no_sandbox)
+                        progress=not args.quiet, verbose=args.verbose, sandboxed=not args.no_sandbox,
+                        checks=args.checks)
     except UsageError as e:
         warn(str(e))
         return 2

@@ -316,14 +316,54 @@ _CELLS: dict[str, object] = {}
 _LOADED = threading.Lock()
 
 
-def cell(grade_id: str):
-    """Decorator: this function checks the test cell ``grade_id`` (its arguments: what the hidden test passes)."""
+WHOLE = "the whole cell"  # the one part of a cell that declares none
+
+
+def cell(grade_id: str, parts: dict[str, float] | None = None):
+    """Decorator: this function checks the test cell ``grade_id`` (its arguments: what the hidden test passes).
+
+    ``parts``: the cell's checks by name and weight, e.g. ``{"values": 3, "int16 ids": 1}``; the cell's points are
+    shared among them by weight, and each passes or fails on its own (``with part("values"): ...``), so one edge
+    case costs its share, not the whole cell. Without ``parts`` the cell is one check."""
+    declared = dict(parts or {WHOLE: 1})
+    if not declared or not all(isinstance(w, (int, float)) and w > 0 for w in declared.values()):
+        raise ValueError(f"{grade_id}: parts need positive weights, got {declared}")
+
     def register(fn):
         if grade_id in _CELLS and _CELLS[grade_id] is not fn:
             raise ValueError(f"two checks for the test cell {grade_id}")
+        fn.parts = declared
         _CELLS[grade_id] = fn
         return fn
     return register
+
+
+def parts_of(grade_id: str) -> dict[str, float]:
+    """{part: weight} of a test cell's checks (loaded as judging loads them); {} for a cell without checks."""
+    if grade_id not in _CELLS and grade_id in _modules_by_cell():
+        _load(_modules_by_cell()[grade_id])
+    fn = _CELLS.get(grade_id)
+    return dict(fn.parts) if fn is not None else {}
+
+
+@contextlib.contextmanager
+def part(name: str):
+    """One weighted part of the test cell being judged (declared in its ``@cell(..., parts=...)``): an assertion
+    that fails inside, or an error of the learner's code, fails this part and the check goes on with the next.
+    A part entered several times (in a loop) passes only if it passes every time; its first failure is kept."""
+    ctx = _current()
+    if name not in ctx.declared:
+        raise GraderError(f"a part {name!r} that the cell does not declare ({', '.join(ctx.declared)})")
+    from coursekit.testing import describe_error
+
+    try:
+        yield
+    except AssertionError as err:
+        ctx.parts.setdefault(name, str(err) or "failed")
+    except LearnerError as err:
+        ctx.parts.setdefault(name, describe_error(err))
+    else:
+        ctx.parts.setdefault(name, None)
 
 
 def checks(chapter: str) -> dict[str, object]:
@@ -362,20 +402,49 @@ def _modules_by_cell() -> dict[str, str]:
 
 
 @dataclasses.dataclass
+class Part:
+    """One weighted part of a test cell's checks, and what it found (``message`` is empty when it passed)."""
+    name: str
+    weight: float
+    passed: bool
+    message: str = ""
+
+
+@dataclasses.dataclass
 class Verdict:
     grade_id: str
     status: str  # passed | failed | unfinished (the test did not end) | grader-error
     message: str = ""
     seconds: float = 0.0
+    parts: list[Part] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
+    @property
+    def fraction(self) -> float:
+        """The share of the cell's points earned: the weights of the parts that passed over all the weights.
+        A grader error earns nothing here (the instructor is told; the learner is not charged by the message)."""
+        if self.status == "passed":
+            return 1.0
+        if self.status == "grader-error" or not self.parts:
+            return 0.0
+        return sum(p.weight for p in self.parts if p.passed) / sum(p.weight for p in self.parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Verdict":
+        return cls(**{**d, "parts": [Part(**p) for p in d.get("parts", [])]})
+
 
 class _Context(threading.local):
     session: Session | None = None
     verdicts: dict[str, Verdict] | None = None
+    declared: dict[str, float] = {}
+    parts: dict[str, str | None] = {}  # part -> its first failure, None when it passed
 
 
 _context = _Context()
@@ -412,32 +481,51 @@ def judge(session: Session, grade_id: str, objects: list, verdicts: dict[str, Ve
 
     start = time.monotonic()
     try:
-        if grade_id not in _CELLS and grade_id in _modules_by_cell():
-            _load(_modules_by_cell()[grade_id])
-        fn = _CELLS.get(grade_id)
+        declared = parts_of(grade_id)
     except Exception:  # noqa: BLE001 (a check module that does not import)
         log.exception("the checks of %s could not be loaded", grade_id)
-        fn = None
-    if fn is None:
+        declared = {}
+    if not declared:
         return Verdict(grade_id, "grader-error", f"no checks for the test cell {grade_id}")
-    _context.session, _context.verdicts = session, verdicts
+    ctx = _context
+    ctx.session, ctx.verdicts, ctx.declared, ctx.parts = session, verdicts, declared, {}
+    status, stopped = "passed", ""  # stopped: why the check ended before its end
     try:
-        fn(*objects)
-        verdict = Verdict(grade_id, "passed")
+        _CELLS[grade_id](*objects)
     except AssertionError as err:
-        verdict = Verdict(grade_id, "failed", str(err) or "failed")
+        stopped = str(err) or "failed"
     except LearnerError as err:  # an error of the learner's code that the check did not expect
-        verdict = Verdict(grade_id, "failed", describe_error(err))
+        stopped = describe_error(err)
     except SessionLost as err:
-        verdict = Verdict(grade_id, "unfinished", f"the hidden tests did not finish: {err}")
+        status, stopped = "unfinished", f"the hidden tests did not finish: {err}"
     except Exception:  # noqa: BLE001 (a bug of the grader's; its traceback goes to the instructor's log only)
         log.exception("the checks of %s failed", grade_id)
-        verdict = Verdict(grade_id, "grader-error",
-                          "the grader could not check this cell (an error of the grader's, reported to the instructor)")
+        status, stopped = "grader-error", \
+            "the grader could not check this cell (an error of the grader's, reported to the instructor)"
     finally:
-        _context.session = _context.verdicts = None
-    verdict.seconds = time.monotonic() - start
-    return verdict
+        found = ctx.parts
+        ctx.session = ctx.verdicts = None
+        ctx.declared, ctx.parts = {}, {}
+    parts = []
+    for name, weight in declared.items():
+        if name in found:
+            message = found[name] or ""
+        elif stopped:  # not reached: what stopped the check (for a cell of one part, its failure)
+            message = stopped
+        else:  # the check ended without entering it: a check that never tests a part it declares fails it
+            message = "" if name == WHOLE else "not checked (the check never reached this part)"
+        parts.append(Part(name, weight, not message, message))
+    failed = [p for p in parts if not p.passed]
+    if status == "passed" and failed:
+        status = "failed"
+    if status == "grader-error" or (stopped and not failed):
+        message = stopped
+    elif len(parts) == 1 or not failed:
+        message = failed[0].message if failed else ""
+    else:
+        total = sum(p.weight for p in parts)
+        message = "\n".join(f"[{p.name}: {p.weight:g} of {total:g}] {p.message}" for p in failed)
+    return Verdict(grade_id, status, message, time.monotonic() - start, parts)
 
 
 # The trusted setting: the judge in the learner's process.

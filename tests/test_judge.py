@@ -234,3 +234,98 @@ def test_garbage_on_the_socket_is_survived(tmp_path):
             wire.send(sock, {"executed": "{}", "status": "ran"})
             done.set()
     assert run.verdicts == {} and run.executed == {"executed": "{}", "status": "ran"}
+
+
+# ---------------------------------------------------------------- partial credit: a cell's checks in weighted parts
+
+
+def judge_local(grade_id: str, *objects) -> judge.Verdict:
+    session = judge.LocalSession(objects)
+    stand_ins = [session.remote(session.server.describe(i)) for i in range(len(objects))]
+    return judge.judge(session, grade_id, stand_ins, {})
+
+
+@judge.cell("test_parts_demo", parts={"values": 3, "errors": 1})
+def _check_parts_demo(fn):
+    with judge.part("values"):
+        for x in (1, 2, 3):
+            if fn(x) != 2 * x:
+                raise AssertionError(f"fn({x}) returned {fn(x)}, expected {2 * x}")
+    with judge.part("errors"):
+        try:
+            fn(-1)
+        except ValueError:
+            return
+        raise AssertionError("fn(-1) returned a value; expected ValueError")
+
+
+def double(x):
+    if x < 0:
+        raise ValueError("negative")
+    return 2 * x
+
+
+def test_a_cell_whose_parts_all_pass_earns_everything():
+    verdict = judge_local("test_parts_demo", double)
+    assert verdict.passed and verdict.fraction == 1.0 and verdict.message == ""
+    assert [(p.name, p.weight, p.passed) for p in verdict.parts] == [("values", 3, True), ("errors", 1, True)]
+
+
+def test_one_failing_part_costs_its_weight_only():
+    verdict = judge_local("test_parts_demo", lambda x: 2 * x)  # no error for negative numbers
+    assert verdict.status == "failed" and verdict.fraction == 0.75
+    assert verdict.message == "[errors: 1 of 4] fn(-1) returned a value; expected ValueError"
+
+
+def test_an_error_of_the_learners_code_fails_its_part_and_the_next_part_still_runs():
+    def broken(x):
+        if x == 2:
+            raise KeyError(x)
+        return 2 * x if x > 0 else (_ for _ in ()).throw(ValueError("negative"))
+
+    verdict = judge_local("test_parts_demo", broken)
+    assert verdict.fraction == 0.25
+    assert [p.passed for p in verdict.parts] == [False, True]
+    assert "KeyError" in verdict.parts[0].message
+
+
+def test_a_cell_without_parts_is_one_part_all_or_nothing():
+    @judge.cell("test_parts_whole")
+    def check(fn):
+        if fn(1) != 2:
+            raise AssertionError("fn(1) should be 2")
+
+    assert judge_local("test_parts_whole", double).fraction == 1.0
+    verdict = judge_local("test_parts_whole", lambda x: x)
+    assert verdict.fraction == 0.0 and verdict.message == "fn(1) should be 2"
+    assert [p.name for p in verdict.parts] == [judge.WHOLE]
+
+
+def test_an_undeclared_or_untested_part_is_the_graders_mistake_not_a_pass():
+    @judge.cell("test_parts_undeclared", parts={"a": 1})
+    def check(fn):
+        with judge.part("b"):
+            fn(1)
+
+    assert judge_local("test_parts_undeclared", double).status == "grader-error"
+
+    @judge.cell("test_parts_untested", parts={"a": 1, "b": 1})
+    def check2(fn):
+        with judge.part("a"):
+            fn(1)
+
+    verdict = judge_local("test_parts_untested", double)
+    assert verdict.fraction == 0.5 and "never reached" in verdict.message
+
+
+def test_parts_must_have_positive_weights():
+    with pytest.raises(ValueError, match="positive weights"):
+        judge.cell("test_parts_bad", parts={"a": 0})
+    with pytest.raises(ValueError, match="positive weights"):
+        judge.cell("test_parts_bad", parts={"a": float("nan")})
+
+
+def test_a_verdict_crosses_between_processes_as_plain_data():
+    verdict = judge_local("test_parts_demo", lambda x: 2 * x)
+    again = judge.Verdict.from_dict(json.loads(json.dumps(verdict.to_dict())))
+    assert again == verdict and again.fraction == 0.75

@@ -189,6 +189,23 @@ def expect_close(fn, *args, want, atol: float = 1e-5, rtol: float = 1e-5, hint: 
              f"{atol:g} + {rtol:g} * |expected|)", hint)
 
 
+def close(got, want, *, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
+    """Whether ``got`` equals ``want`` within ``atol + rtol * |want|`` everywhere: numbers, tensors, arrays or lists
+    of numbers, of the same shape. NaN and infinities match only where ``want`` holds the same value in the same
+    place. Every comparison with NaN is false, so a test written ``abs(got - want) > tol`` passes a NaN: checks
+    compare values with this helper, never with a hand-written difference."""
+    import torch
+
+    try:
+        g, w = torch.as_tensor(got).detach(), torch.as_tensor(want).detach()
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return False
+    if g.shape != w.shape:
+        return False
+    wide = torch.complex128 if g.is_complex() or w.is_complex() else torch.float64
+    return bool(torch.isclose(g.to(wide), w.to(wide), atol=atol, rtol=rtol, equal_nan=True).all())
+
+
 def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: str | None = None, **kwargs):
     """Check that ``fn(*args, **kwargs)`` raises ``exc_type`` (with ``match`` in its message)."""
     label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)

@@ -1,0 +1,13 @@
+"""What every notebook's judge process needs, loaded once: imported by the fork server that ``autograder.run``
+forks the judge processes from, so that each fork starts with torch, transformers and every chapter's checks
+already in memory (about 5 s of imports, paid once per grader process instead of once per notebook)."""
+import torch
+import transformers
+
+from autograder import judge
+from minigpt import CHAPTERS
+
+torch.set_num_threads(1)  # before any operation: a fork must not inherit a pool of OpenMP threads
+transformers.GPT2LMHeadModel  # noqa: B018 (transformers loads its parts lazily: load the ones the checks use)
+for _chapter in CHAPTERS:
+    judge.checks(_chapter)
