@@ -110,7 +110,7 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
         assert result.status == "graded", f"{mutant.name}: {summary(result)}"
         assert result.score < result.max_score, f"{mutant.name}: full marks"
         assert set(lost_cells(result)) == set(mutant.lost), f"{mutant.name}: {summary(result)}"
-        assert all(lp.score == 0 for lp in result.lost), summary(result)
+        assert all(lp.score < lp.max_score for lp in result.lost), summary(result)
 
     @slow
     @pytest.mark.parametrize("key", graded_mutants)
