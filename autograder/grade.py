@@ -141,6 +141,7 @@ class Result:
     reused: bool = False
     log: str | None = None  # the run's log, kept when the notebook did not run to its end
     isolation: str = "sandbox"  # sandbox | none (graded with --no-sandbox: the learner's code ran as the grader)
+    withheld: str = ""  # why its feedback is not given to the learner yet (an earlier chapter is still open)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
@@ -860,6 +861,9 @@ def learner_page(student: str, results: list[Result], root: Path) -> str:
             status = f"graded; {r.detail}"
         if r.status == "graded" and r.needs_manual_grade:
             status += "; some cells wait for the instructor"
+        if r.withheld:
+            rows.append(f"<tr><td>{e(r.chapter)}</td><td>{e(score)}</td><td>{e(r.withheld)}</td></tr>")
+            continue
         link = ""
         fb = feedback_path(root, student, r.chapter)
         if r.status == "graded" and fb.is_file():
@@ -989,11 +993,11 @@ def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, future
 
 def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jobs: int | None = None,
           limits: Limits = Limits(), fresh: bool = False, progress: bool = False, verbose: bool = False,
-          sandboxed: bool = True, checks: list[str] = ()) -> list[Result]:
+          sandboxed: bool = True, checks: list[str] = (), open_chapters: list[str] = ()) -> list[Result]:
     """Grade every submission (reusing results recorded for the same notebook, chapter and grader), and return
     a result per submission, in order. ``sandboxed=False`` runs the notebooks without a sandbox (the learner's
     code then runs with the grader's rights: every row says so). ``checks``: modules of checks of the course's own,
-    imported by each notebook's judge."""
+    imported by each notebook's judge. ``open_chapters``: chapters still open (see ``withheld_because``)."""
     from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
 
     if sandboxed and (why := sandbox.missing()):
@@ -1081,14 +1085,31 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
                 finish(s, r, digest)
     finally:
         bar.close()
-    if graded:
-        write_feedback(ws, graded, verbose)
     ordered = [results[s.student, s.chapter] for s in submissions]
+    pages = []
+    for s, r in zip(submissions, ordered):
+        r.withheld = withheld_because(r.chapter, open_chapters) if r.status == "graded" else ""
+        if r.withheld:
+            shutil.rmtree(feedback_path(ws.root, s.student, s.chapter).parent, ignore_errors=True)
+        elif r.status == "graded" and (s in graded or not feedback_path(ws.root, s.student, s.chapter).is_file()):
+            pages.append(s)
+    if pages:
+        write_feedback(ws, pages, verbose)
     for r in ordered:
         fb = feedback_path(ws.root, r.student, r.chapter)
         r.feedback = str(fb) if r.status == "graded" and fb.is_file() else None
     write_reports(ws, workspace_results(ws, ordered))
     return ordered
+
+
+def withheld_because(chapter: str, open_chapters: list[str]) -> str:
+    """Why a graded notebook's feedback must wait, or ''. A chapter's notebook builds on the reference of the
+    chapters before it, which its sandbox therefore holds (never its own chapter's); whatever the notebook prints,
+    its feedback shows. So while an earlier chapter is still open (its deadline not passed), the feedback of a
+    later one could hand out that chapter's answers: it is withheld until a run without that chapter in
+    ``--open`` writes it."""
+    earlier = sorted(ch for ch in open_chapters if ch[:2] < chapter[:2])
+    return f"feedback withheld while {', '.join(earlier)} {'is' if len(earlier) == 1 else 'are'} open" if earlier else ""
 
 
 def reuse(ws: Workspace, s: Submission, digest: str, isolation: str) -> Result | None:
@@ -1121,6 +1142,8 @@ def format_table(results: list[Result]) -> str:
             status = r.detail
         if r.status == "graded" and r.needs_manual_grade:
             status = (status + "; " if status else "") + "needs manual grading"
+        if r.withheld:
+            status = (status + "; " if status else "") + r.withheld
         if r.isolation == "none":
             status = "NOT ISOLATED" + (f"; {status}" if status else "")
         rows.append((r.student, r.chapter, f"{points(r.score)} / {points(r.max_score)}", status))
@@ -1172,6 +1195,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--checks", action="append", default=[], metavar="MODULE",
                         help="also load the checks registered in this Python module (a course folder of your own "
                              "given with --course-root)")
+    parser.add_argument("--open", dest="open_chapters", action="append", default=[], metavar="NN-topic",
+                        help="a chapter whose deadline has not passed (repeatable): the feedback of later chapters, "
+                             "whose sandboxes hold its reference, is withheld until you grade again without it")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run notebooks without the sandbox (the learner's code runs with your rights: only "
                              "for notebooks you trust; every row says NOT ISOLATED)")
@@ -1200,6 +1226,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         limits = Limits(timeout=args.timeout, memory=parse_size(args.memory), cell_timeout=args.cell_timeout)
         known = graded_chapters(course_root)
+        check_chapters(args.open_chapters, course_chapters(course_root))
         if args.class_dir:
             submissions = class_submissions(Path(args.class_dir).resolve(), args.chapter, known)
         else:
@@ -1216,7 +1243,7 @@ def main(argv: list[str] | None = None) -> int:
             warn("--no-sandbox: the notebooks' code runs with your rights, not isolated; grade only notebooks you trust")
         results = grade(submissions, course_root, workdir, jobs=args.jobs, limits=limits, fresh=args.fresh,
                         progress=not args.quiet, verbose=args.verbose, sandboxed=not args.no_sandbox,
-                        checks=args.checks)
+                        checks=args.checks, open_chapters=args.open_chapters)
     except UsageError as e:
         warn(str(e))
         return 2

@@ -9,6 +9,7 @@ an untouched, a wrong and a corrupt submission.
 import contextlib
 import io
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -29,7 +30,16 @@ from autograder.judge import cell
 @cell("test_add")
 def check_add(add):
     got = add(-2, 5)
+    if got == -1234:  # a judge that dies on this answer: one notebook's judge process dying costs it alone
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
     assert got == 3, f"add(-2, 5) returned {got!r}, expected 3: negative numbers add like any other"
+
+
+@cell("test_add_floats")
+def check_add_floats(add):
+    got = add(0.25, 0.125)
+    assert got == 0.375, f"add(0.25, 0.125) returned {got!r}, expected 0.375"
 '''
 
 SOLUTION = """\
@@ -47,7 +57,13 @@ check("test_add", add)
 ### END HIDDEN TESTS
 """
 
-TEST_FLOATS = 'assert add(0.5, 0.25) == 0.75, "add(0.5, 0.25) should be 0.75"\n'
+TEST_FLOATS = """\
+assert add(0.5, 0.25) == 0.75, "add(0.5, 0.25) should be 0.75"
+### BEGIN HIDDEN TESTS
+from autograder.hidden import check
+check("test_add_floats", add)
+### END HIDDEN TESTS
+"""
 
 
 def nbgrader_cell(source, grade_id, *, solution=False, points=None):
@@ -421,42 +437,97 @@ def test_limits_on_the_command_line(course, capsys):
 
 
 @pytest.mark.slow
+def test_a_judge_process_that_dies_costs_its_notebook_alone(course, solution_run, tmp_path):
+    class_dir = _class_of(course, 2, "class-judge-dies")
+    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+    nbformat.write(learner_copy(released, "return -1234 if (a, b) == (-2, 5) else a + b\n"), class_dir / "s01" / f"{CHAPTER}.ipynb")
+    out = tmp_path / "r.json"
+    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
+            str(tmp_path / "ws"), "--quiet", "--json", str(out)]
+    for run in (1, 2):
+        with contextlib.redirect_stdout(io.StringIO()) as table:
+            assert grade.main(args) == 0
+        rows = {r["student"]: r for r in json.loads(out.read_text())["results"]}
+        assert (rows["s00"]["status"], rows["s00"]["score"], rows["s00"]["reused"]) == ("graded", 3, run == 2)
+        assert (rows["s01"]["status"], rows["s01"]["reused"]) == ("error", False), rows["s01"]
+        assert rows["s01"]["detail"] == "its judge stopped: the judge process was killed (signal 9)"
+        assert "s01      99-demo  - / 3  error: its judge stopped" in table.getvalue()
+    assert (tmp_path / "ws" / "feedback" / "s00" / CHAPTER / f"{CHAPTER}.html").is_file()
+
+
+@pytest.mark.slow
+def test_feedback_waits_while_an_earlier_chapter_is_open(course, solution_run, tmp_path):
+    """A chapter's sandbox holds the reference of the chapters before it: with one of them still open, the
+    notebook is graded but its feedback (which shows whatever it printed) is not written until it closes."""
+    root = tmp_path / "course"
+    for ch in ("98-early", CHAPTER):
+        (root / "solutions" / ch).mkdir(parents=True)
+        shutil.copyfile(course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb", root / "solutions" / ch / f"{ch}.ipynb")
+    class_dir = _class_of(course, 1, "class-open")
+    out, ws = tmp_path / "r.json", tmp_path / "ws"
+    args = ["--class", str(class_dir), "--course-root", str(root), "--checks", "demo_checks", "--workdir", str(ws),
+            "--quiet", "--json", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        assert grade.main([*args, "--open", "98-early"]) == 0
+    [r] = json.loads(out.read_text())["results"]
+    assert (r["status"], r["score"], r["withheld"], r["feedback"]) == \
+        ("graded", 3, "feedback withheld while 98-early is open", None)
+    assert "feedback withheld while 98-early is open" in table.getvalue()
+    assert not (ws / "feedback" / "s00" / CHAPTER).exists()
+    assert "feedback withheld while 98-early is open" in (ws / "feedback" / "s00" / "index.html").read_text()
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grade.main(args) == 0
+    [r] = json.loads(out.read_text())["results"]
+    assert (r["reused"], r["withheld"]) == (True, "")
+    assert r["feedback"] and Path(r["feedback"]).is_file()
+    assert grade.main([*args, "--open", "no-such-chapter"]) == 2
+
+
+@pytest.mark.slow
 def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp_path, monkeypatch):
     """A run in which no cell ran is no fault of the learner's: it runs once more. A sandbox that cannot start
     at all gets an error row with the run's log kept, and the next batch tries that submission again instead of
-    reusing the error."""
-    from autograder import sandbox
+    reusing the error. (The notebook runs in a judge process of its own, so the fault is a `bwrap` first on PATH
+    whose first starts run a module that does not exist: nothing runs.)"""
+    bwrap = shutil.which("bwrap")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text(f"""#!/bin/bash
+if printf '%s\\n' "$@" | grep -qx autograder.execute; then
+  n=$(( $(cat {tmp_path}/starts 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/starts
+  if [ $n -le $(cat {tmp_path}/failing) ]; then
+    args=(); for a in "$@"; do [ "$a" = autograder.execute ] && a=autograder.no_such_module; args+=("$a"); done
+    exec {bwrap} "${{args[@]}}"
+  fi
+fi
+exec {bwrap} "$@"
+""")
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
 
-    real_command = sandbox.command
-    starts = []
+    def starts() -> int:
+        return int((tmp_path / "starts").read_text()) if (tmp_path / "starts").exists() else 0
 
-    def broken_at_first(**kwargs):
-        args = real_command(**kwargs)
-        starts.append(args)
-        if len(starts) <= failing_starts:  # the executor's module cannot be found: nothing runs
-            args = [a if a != "autograder.execute" else "autograder.no_such_module" for a in args]
-        return args
-
-    monkeypatch.setattr(sandbox, "command", broken_at_first)
     class_dir = _class_of(course, 1, "class-restart")
     out = tmp_path / "results.json"
     args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
             str(tmp_path / "ws"), "--quiet", "--json", str(out)]
-    failing_starts = 2
+    (tmp_path / "failing").write_text("2")
     with contextlib.redirect_stdout(io.StringIO()) as table:
         assert grade.main(args) == 0
     [r] = json.loads(out.read_text())["results"]
-    assert (len(starts), r["status"]) == (2, "error"), r
+    assert (starts(), r["status"]) == (2, "error"), r
     assert "did not start" in r["detail"]
     assert "No module named autograder.no_such_module" in Path(r["log"]).read_text()
     assert f"log: {r['log']}" in table.getvalue()
 
-    starts.clear()
-    failing_starts = 1
+    (tmp_path / "starts").unlink()
+    (tmp_path / "failing").write_text("1")
     with contextlib.redirect_stdout(io.StringIO()):
         assert grade.main(args) == 0
     [r] = json.loads(out.read_text())["results"]
-    assert (len(starts), r["status"], r["score"], r["reused"]) == (2, "graded", 3, False), r
+    assert (starts(), r["status"], r["score"], r["reused"]) == (2, "graded", 3, False), r
 
 
 def test_without_bubblewrap_grading_refuses_unless_asked_not_to_isolate(course, capsys, monkeypatch):

@@ -26,7 +26,7 @@ CHAPTER = hostile.CHAPTER
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_TESTS = {"test_encode_ordinary", "test_special_tokens", "test_decode", "test_matches_tiktoken"}
 CHEATS = ["eq-list", "patch-helpers", "input-transformer", "ast-transformer", "meta-path", "repatch-thread",
-          "frame-walk", "forge"]
+          "frame-walk", "forge", "expect-ok", "forge-scores", "surrogate"]
 # Text of the checks and the judge that learners must never see (in a message, an output or a feedback page).
 SECRETS = ["_MERGE_MISTAKES", "def check_bpe_merge", "HIDDEN_TEXTS", "def judge(", "_first_wrong_piece",
            "class RunJudge"]
@@ -153,7 +153,7 @@ def test_a_cheat_gets_at_most_what_its_wrong_code_deserves(batch, student):
     assert set(lost_cells(cheat)) >= set(lost_cells(wrong)), student
 
 
-@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "frame-walk", "forge"])
+@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "frame-walk", "forge", "expect-ok", "forge-scores"])
 def test_cheats_that_leave_the_hidden_tests_running_get_exactly_what_the_wrong_code_gets(batch, student):
     assert result(batch, student).score == result(batch, "wrong").score
     assert "returned [b'ab', b'c'], expected [b'a', b'bc']" in lost_cells(result(batch, student))["test_bpe_merge"]
@@ -167,6 +167,77 @@ def test_hidden_tests_that_never_reach_the_judge_score_nothing(batch, student):
 
 def test_the_judge_refuses_a_second_judgement_and_a_forged_run(batch):
     assert "PROBE forge: the judge said refused" in outputs(batch, "forge")
+
+
+def test_scores_come_from_the_judge_not_from_what_the_notebook_shows(batch):
+    """Every test cell of these notebooks shows an execute_result (nbgrader's rule reads one as full credit)."""
+    for student in ("expect-ok", "forge-scores"):
+        nb = nbformat.read(grade.autograded_path(batch["workdir"], student, CHAPTER), as_version=4)
+        shown = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "execute_result"]
+        assert shown == [], f"{student}: an execute_result is kept in the autograded notebook"
+        assert result(batch, student).score == result(batch, "wrong").score
+
+
+# ---------------------------------------------------------------- one notebook costs only its own row
+
+
+@pytest.mark.parametrize("student", ["surrogate", "forge-broken", "wire-bombs"])
+def test_what_a_notebook_sends_the_grader_costs_its_own_row_only(batch, student):
+    for _, results, _ in (batch["first"], batch["second"]):
+        r = results[student]
+        assert r.status == "graded", (r.status, r.detail)
+        assert not [lp for lp in r.lost if "of the grader's" in lp.message], r.lost
+
+
+def test_a_message_no_writer_could_write_is_made_valid(batch):
+    lost = lost_cells(result(batch, "surrogate"))
+    assert "\ufffd" in lost["test_bpe_merge"], lost
+
+
+def test_a_forged_broken_report_loses_nothing_the_judge_saw(batch):
+    r = result(batch, "forge-broken")
+    assert r.score == 13 and "kernel died" in r.detail, (r.score, r.detail)
+
+
+def test_replies_that_are_costly_to_decode_are_refused_fast_and_charged_to_the_learner(batch):
+    r = result(batch, "wire-bombs")
+    assert r.score == 0 and r.seconds < 120, (r.score, r.seconds)
+    assert r.lost and all("UnreadableValue" in lp.message for lp in r.lost), r.lost
+
+
+def test_the_victims_keep_their_scores_across_both_runs(batch):
+    for _, results, _ in (batch["first"], batch["second"]):
+        assert (results["reference"].score, results["untouched"].score) == (13, 0)
+
+
+# ---------------------------------------------------------------- what people read is inert
+
+
+def test_learner_markup_reaches_no_page_as_script(batch):
+    workdir = batch["workdir"]
+    nb = nbformat.read(grade.autograded_path(workdir, "fools-readers", CHAPTER), as_version=4)
+    pages = ["\n".join(c.source for c in nb.cells if c.cell_type == "markdown"),
+             grade.feedback_path(workdir, "fools-readers", CHAPTER).read_text(),
+             (workdir / "feedback" / "fools-readers" / "index.html").read_text()]
+    for i, page in enumerate(pages):
+        for bad in ("onerror", "onload", "<script", "javascript:"):
+            assert bad not in page.lower(), (i, bad)
+    assert "My notes." in pages[0] and "My notes." in pages[1]
+
+
+def test_no_spreadsheet_cell_is_a_formula(batch):
+    import csv
+
+    with open(batch["workdir"] / "grades.csv", newline="") as f:
+        cells = [cell for row in csv.reader(f) for cell in row]
+    assert [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")] == []
+    assert any("HYPERLINK" in c for c in cells), "the review note quoting the cell is in the table"
+
+
+def test_the_table_holds_no_terminal_control_characters(batch):
+    for _, _, table in (batch["first"], batch["second"]):
+        assert not [ch for ch in table if ord(ch) < 32 and ch != "\n" or 0x7f <= ord(ch) < 0xa0], "control characters"
+    assert "fools-readers" in batch["first"][2]
 
 
 # ---------------------------------------------------------------- nothing hidden is within reach

