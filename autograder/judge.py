@@ -358,10 +358,9 @@ def part(name: str):
 
     try:
         yield
-    except AssertionError as err:
-        ctx.parts.setdefault(name, str(err) or "failed")
-    except LearnerError as err:
-        ctx.parts.setdefault(name, describe_error(err))
+    except (AssertionError, LearnerError) as err:
+        if ctx.parts.get(name) is None:  # its first failure, even after a pass in an earlier turn of a loop
+            ctx.parts[name] = (str(err) or "failed") if isinstance(err, AssertionError) else describe_error(err)
     else:
         ctx.parts.setdefault(name, None)
 

@@ -329,3 +329,16 @@ def test_a_verdict_crosses_between_processes_as_plain_data():
     verdict = judge_local("test_parts_demo", lambda x: 2 * x)
     again = judge.Verdict.from_dict(json.loads(json.dumps(verdict.to_dict())))
     assert again == verdict and again.fraction == 0.75
+
+
+def test_a_part_entered_in_a_loop_passes_only_if_it_passes_every_time():
+    @judge.cell("test_parts_loop", parts={"each x": 1})
+    def check(fn):
+        for x in (1, 2, 3):
+            with judge.part("each x"):
+                if fn(x) != 2 * x:
+                    raise AssertionError(f"fn({x}) returned {fn(x)}")
+
+    verdict = judge_local("test_parts_loop", lambda x: 2 * x if x != 2 else 0)
+    assert verdict.fraction == 0.0 and verdict.message == "fn(2) returned 0"
+    assert judge_local("test_parts_loop", double).fraction == 1.0
