@@ -449,7 +449,8 @@ ATTENTION_GRAPH = ("no .detach(), .data or torch.no_grad() on the scores or on t
                    "weights @ v)")
 
 
-CAUSAL, OTHER_MASKS, LARGE_FLOAT64 = "causal attention", "no mask, a mask of holes", "float64, scores in the thousands"
+CAUSAL, OTHER_MASKS = "causal attention", "no mask, a mask of holes"
+LARGE_FLOAT64 = "float64, and scores in the thousands"
 ATTENTION_PARTS = {CAUSAL: 3, FEWER_QUERIES_PART: 1, OTHER_MASKS: 1, LARGE_FLOAT64: 1, UNCHANGED: 1, GRADIENTS: 1}
 
 
@@ -780,8 +781,8 @@ def _check_split_merge(layer, x, C, H):
 
 
 def _check_no_peeking(layer, x, C, H, seed, because: str = ""):
-    """Changing the inputs after position t changes no output up to t. Outputs that hold nan or inf cannot tell
-    (nan is nan whatever it read): that fails too."""
+    """Changing the inputs after position t changes no output up to t (an output that turns nan has changed too).
+    Outputs that hold nan or inf to begin with cannot tell (nan is nan whatever it read): that fails."""
     B, T, _ = x.shape
     label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}"
     y = call(layer, x, label=label, hint=because)
