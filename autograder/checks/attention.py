@@ -15,6 +15,11 @@ place, and the gradients of a backward pass (chapter 8 trains this layer), are m
 (``autograder.helpers.attention``); torch's softmax is taken away there while the learner's softmax runs
 (``learner_side(forbid=...)``). A failure of a function that calls the learner's functions of earlier test cells
 says so when those fail their own tests (``judge.because_of``), so that one mistake reads as one.
+
+Each cell's checks are weighted parts (``judge.part``), each entered once with its cases in a loop inside it: the main
+values weigh most; fewer queries than keys, large scores, masks, float64, inputs left unchanged, gradients, no
+peeking ahead each cost their own share. Numbers compare with ``coursekit.testing.close``: nan or inf where torch's
+result is finite is wrong, and -inf where torch's is -inf is right.
 """
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.judge import LearnerError, ask, because_of, cell, is_instance, learner_side, type_of
-from coursekit.testing import call, describe_error, describe_where, expect_raises, fail, not_written, show
+from autograder.judge import LearnerError, ask, because_of, cell, is_instance, learner_side, part, type_of
+from coursekit.testing import call, close, describe_error, describe_where, expect_raises, fail, not_written, show
 
 ATOL = 1e-5
 GRAD_RTOL = 1e-6  # gradients are compared in float64, to this fraction of the largest one
@@ -36,12 +41,8 @@ def _randn(*shape, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.
 
 
 def _close(got, want, atol: float = ATOL) -> bool:
-    """Same shape, and equal within atol where want is finite; the same inf/nan pattern elsewhere."""
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        return False
-    got = got.detach().to(torch.float64)
-    want = want.detach().to(torch.float64)
-    return bool(torch.allclose(got, want, atol=atol, rtol=0, equal_nan=True))
+    """A tensor of want's shape, equal to it within atol where want is finite, with the same inf and nan elsewhere."""
+    return isinstance(got, torch.Tensor) and close(got, want, atol=atol, rtol=0)
 
 
 def _shape(t) -> str:
@@ -101,13 +102,13 @@ def _run(fn, args: tuple, kwargs: dict, label: str, forbid: list[str] | None = N
 
 
 def _far(got, want: torch.Tensor) -> float | None:
-    """None when the tensor ``got`` is ``want`` to ``GRAD_RTOL`` of its largest value; nan when it holds nan or inf;
-    else how far it is."""
+    """None when the tensor ``got`` is ``want`` (finite: an oracle's gradient) to ``GRAD_RTOL`` of its largest value;
+    nan when it holds nan or inf; else how far it is."""
+    scale = want.abs().max().item() if want.numel() else 0.0
+    if close(got, want, atol=GRAD_RTOL * (1.0 + scale), rtol=0):
+        return None
     got = got.detach().double()
-    if not torch.isfinite(got).all():
-        return float("nan")
-    diff = (got - want).abs().max().item() if want.numel() else 0.0
-    return None if diff <= GRAD_RTOL * (1.0 + want.abs().max().item()) else diff
+    return float("nan") if not torch.isfinite(got).all() else (got - want).abs().max().item()
 
 
 IN_PLACE_GRAPH = ("an in-place operation (x -= ..., x.exp_(), masked_fill_) changed a tensor that the backward pass "
@@ -189,33 +190,53 @@ def _mask_label(t_q, t_k) -> str:
     return f"causal_mask({t_q})" if t_k is None else f"causal_mask({t_q}, {t_k})"
 
 
-@cell("test_causal_mask")
+SQUARE, FEWER_QUERIES_PART, NO_QUERIES = "square masks", "fewer queries than keys", "no queries"
+MASK_PARTS = {SQUARE: 3, FEWER_QUERIES_PART: 2, NO_QUERIES: 1, "ValueError for impossible sizes": 1,
+              "a device given": 1}
+
+
+def _mask_part(t_q: int, t_k: int) -> str:
+    return NO_QUERIES if t_q == 0 else SQUARE if t_q == t_k else FEWER_QUERIES_PART
+
+
+@cell("test_causal_mask", parts=MASK_PARTS)
 def check_causal_mask(causal_mask):
-    for t_q, t_k_arg in MASK_CASES:
-        t_k = t_q if t_k_arg is None else t_k_arg
-        args = (t_q,) if t_k_arg is None else (t_q, t_k)
-        label = _mask_label(t_q, t_k_arg)
-        want = _oracle_mask(t_q, t_k)
-        got = call(causal_mask, *args, name="causal_mask")
-        if isinstance(got, torch.Tensor) and got.shape == (t_q, t_q) and t_k != t_q:
-            fail(f"{label} returned shape {tuple(got.shape)}, expected ({t_q}, {t_k})",
-                 "with t_k given there is one column per key: t_q rows (queries) by t_k columns (keys)")
-        if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != torch.bool:
-            fail(f"{label} returned a {got.dtype} tensor; return a bool tensor, True where the query may attend",
-                 "attention uses it as a bool mask (masked_fill(~mask, ...))")
-        _tensor(label, got, want)
-        if not torch.equal(got, want):
-            fail(f"{label}: {_first_wrong_pair(got, want, t_q, t_k)}", _mask_mistake(got, t_q, t_k))
-    expect_raises(ValueError, causal_mask, 5, 2, name="causal_mask",
-                  hint="5 queries cannot be the last positions of only 2 keys: raise ValueError")
-    expect_raises(ValueError, causal_mask, 3, 0, name="causal_mask", hint=T_K_ZERO)
-    # The device is only checked to be accepted: a CPU grader has no other device to put the mask on (the
-    # "meta" device would do, but tracing tril there costs seconds in every grading kernel).
-    for device in ("cpu", torch.device("cpu")):
-        got = call(causal_mask, 3, 5, device=device, name="causal_mask")
-        if not (isinstance(got, torch.Tensor) and torch.equal(got, _oracle_mask(3, 5))):
-            fail(f"causal_mask(3, 5, device={device!r}) returned {_shape(got)}, not the mask that "
-                 "causal_mask(3, 5) returns")
+    for name in (SQUARE, FEWER_QUERIES_PART, NO_QUERIES):
+        with part(name):
+            for t_q, t_k_arg in MASK_CASES:
+                if _mask_part(t_q, t_q if t_k_arg is None else t_k_arg) == name:
+                    _check_mask(causal_mask, t_q, t_k_arg)
+    with part("ValueError for impossible sizes"):
+        expect_raises(ValueError, causal_mask, 5, 2, name="causal_mask",
+                      hint="5 queries cannot be the last positions of only 2 keys: raise ValueError")
+        expect_raises(ValueError, causal_mask, 3, 0, name="causal_mask", hint=T_K_ZERO)
+    # The device is only checked to be accepted, and to change nothing else: a CPU grader has no other device to
+    # put the mask on (the "meta" device would do, but tracing tril there costs seconds in every grading kernel).
+    # A wrong mask costs its points above, not here again.
+    with part("a device given"):
+        own = call(causal_mask, 3, 5, name="causal_mask")
+        for device in ("cpu", torch.device("cpu")):
+            got = call(causal_mask, 3, 5, device=device, name="causal_mask")
+            if not (isinstance(got, torch.Tensor) and isinstance(own, torch.Tensor) and torch.equal(got, own)):
+                fail(f"causal_mask(3, 5, device={device!r}) returned {_shape(got)}, not the mask that "
+                     "causal_mask(3, 5) returns")
+
+
+def _check_mask(causal_mask, t_q: int, t_k_arg: int | None) -> None:
+    t_k = t_q if t_k_arg is None else t_k_arg
+    args = (t_q,) if t_k_arg is None else (t_q, t_k)
+    label = _mask_label(t_q, t_k_arg)
+    want = _oracle_mask(t_q, t_k)
+    got = call(causal_mask, *args, name="causal_mask")
+    if isinstance(got, torch.Tensor) and got.shape == (t_q, t_q) and t_k != t_q:
+        fail(f"{label} returned shape {tuple(got.shape)}, expected ({t_q}, {t_k})",
+             "with t_k given there is one column per key: t_q rows (queries) by t_k columns (keys)")
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != torch.bool:
+        fail(f"{label} returned a {got.dtype} tensor; return a bool tensor, True where the query may attend",
+             "attention uses it as a bool mask (masked_fill(~mask, ...))")
+    _tensor(label, got, want)
+    if not torch.equal(got, want):  # bool tensors: exact
+        fail(f"{label}: {_first_wrong_pair(got, want, t_q, t_k)}", _mask_mistake(got, t_q, t_k))
 
 
 def _first_wrong_pair(got, want, t_q, t_k) -> str:
@@ -250,37 +271,43 @@ def _mask_mistake(got, t_q, t_k) -> str:
 
 # ---------------------------------------------------------------- softmax
 
+SOFTMAX_VALUES, LARGE, MASKED, FLOAT64 = ("values along any dim", "large scores (no overflow)", "masked (-inf) scores",
+                                          "float64")
+ONE_OR_NONE, UNCHANGED, GRADIENTS = "one entry along dim, or no rows", "inputs left unchanged", "gradients for training"
+SOFTMAX_PARTS = {SOFTMAX_VALUES: 3, LARGE: 2, MASKED: 1, FLOAT64: 1, ONE_OR_NONE: 1, UNCHANGED: 1, GRADIENTS: 1}
+
+
 def _softmax_cases():
-    """(x, dim): dim None means the call softmax(x), with the default dim=-1."""
+    """(x, dim, the part it belongs to): dim None means the call softmax(x), with the default dim=-1."""
     inf = math.inf
     return [
-        (_randn(7, seed=30), None),
-        (_randn(4, 4, seed=31, scale=3), -1),
-        (_randn(3, 5, seed=32, scale=3), -1),
-        (_randn(3, 5, seed=33, scale=3), 0),
-        (_randn(2, 3, 4, seed=34, scale=3), 1),
-        (_randn(2, 3, 4, seed=35, scale=3), -2),
-        (_randn(2, 3, 4, seed=36, scale=3), 0),
+        (_randn(7, seed=30), None, SOFTMAX_VALUES),
+        (_randn(4, 4, seed=31, scale=3), -1, SOFTMAX_VALUES),
+        (_randn(3, 5, seed=32, scale=3), -1, SOFTMAX_VALUES),
+        (_randn(3, 5, seed=33, scale=3), 0, SOFTMAX_VALUES),
+        (_randn(2, 3, 4, seed=34, scale=3), 1, SOFTMAX_VALUES),
+        (_randn(2, 3, 4, seed=35, scale=3), -2, SOFTMAX_VALUES),
+        (_randn(2, 3, 4, seed=36, scale=3), 0, SOFTMAX_VALUES),
         # Large scores: e^x overflows to inf above 88 in float32 (709 in float64), and inf / inf is nan;
         # e^x underflows to 0 below -103 (-745), and 0 / 0 is nan. The tolerance grows with the scores
         # (_softmax_atol), so that a softmax computed as exp(x - logsumexp(x)) passes too.
-        (torch.tensor([[100.0, 99.0, 95.0], [-120.0, -118.0, -119.0], [1.0, 2.0, 3.0]]), -1),
-        (torch.tensor([[110.0, 3.0], [108.0, -5.0], [0.0, 100.0]]), 0),
+        (torch.tensor([[100.0, 99.0, 95.0], [-120.0, -118.0, -119.0], [1.0, 2.0, 3.0]]), -1, LARGE),
+        (torch.tensor([[110.0, 3.0], [108.0, -5.0], [0.0, 100.0]]), 0, LARGE),
         (torch.tensor([[1e4, 1e4 - 1, 1e4 - 5], [-1e4, -1e4 + 2, -1e4 + 1], [1.0, 2.0, 3.0]],
-                      dtype=torch.float64), -1),
+                      dtype=torch.float64), -1, LARGE),
         # Rows far apart: the maximum of the whole tensor is not every row's maximum.
-        (torch.tensor([[120.0, 119.0, 0.0], [1.0, 2.0, 3.0]]), -1),
+        (torch.tensor([[120.0, 119.0, 0.0], [1.0, 2.0, 3.0]]), -1, LARGE),
         # Masked entries: e^-inf = 0, so they get weight 0.
-        (torch.tensor([[0.5, -inf, 2.0, -inf], [-inf, -inf, 3.0, 1.0], [-inf, 7.0, -inf, -inf]]), -1),
-        (torch.tensor([[0.5, -inf], [-inf, 1.0], [2.0, 4.0]]), 0),
-        (_randn(4, 6, seed=37, scale=30, dtype=torch.float64), -1),
-        (_randn(5, 3, seed=38, scale=30, dtype=torch.float64), 0),
+        (torch.tensor([[0.5, -inf, 2.0, -inf], [-inf, -inf, 3.0, 1.0], [-inf, 7.0, -inf, -inf]]), -1, MASKED),
+        (torch.tensor([[0.5, -inf], [-inf, 1.0], [2.0, 4.0]]), 0, MASKED),
+        (_randn(4, 6, seed=37, scale=30, dtype=torch.float64), -1, FLOAT64),
+        (_randn(5, 3, seed=38, scale=30, dtype=torch.float64), 0, FLOAT64),
         # Scores near +-1000 in float32, with and without -inf beside them.
-        (torch.tensor([[1000.0, 999.0, 995.0], [-1000.0, -998.0, -999.0], [1000.0, 1000.0, -inf]]), -1),
-        (torch.tensor([[1000.0, -3.0], [998.0, 4.0], [-inf, 1000.0]]), 0),
+        (torch.tensor([[1000.0, 999.0, 995.0], [-1000.0, -998.0, -999.0], [1000.0, 1000.0, -inf]]), -1, LARGE),
+        (torch.tensor([[1000.0, -3.0], [998.0, 4.0], [-inf, 1000.0]]), 0, LARGE),
         # One entry along dim (its weight is 1), and no rows at all.
-        (_randn(4, 1, seed=39, scale=50), -1),
-        (torch.zeros(0, 5), -1),
+        (_randn(4, 1, seed=39, scale=50), -1, ONE_OR_NONE),
+        (torch.zeros(0, 5), -1, ONE_OR_NONE),
     ]
 
 
@@ -303,28 +330,46 @@ SOFTMAX_GRAPH = ("compute with torch operations on x itself: no .detach(), .data
                  "result)")
 
 
-@cell("test_softmax")
+@cell("test_softmax", parts=SOFTMAX_PARTS)
 def check_softmax(softmax):
-    for x, dim in _softmax_cases():
-        d = -1 if dim is None else dim
-        label = f"softmax({_describe(x)})" if dim is None else f"softmax({_describe(x)}, dim={dim})"
-        want = torch.softmax(x, dim=d)
-        got, changed = _run(softmax, (x,), {} if dim is None else {"dim": dim}, label, forbid=TORCH_SOFTMAX)
-        if changed[0]:
-            fail(f"{label} changed its input in place", IN_PLACE_SOFTMAX)
-        _tensor(label, got, want)
-        if not _close(got, want, _softmax_atol(x)):
-            fail(f"{label} returned {_values(got)}, expected {_values(want)} "
-                 f"(largest difference {_max_diff(got, want)})", _softmax_mistake(x, d, got, want))
+    cases = _softmax_cases()
+    changed_by = []  # the label of each call that changed its input in place, once per call that returned
+    for name in (SOFTMAX_VALUES, LARGE, MASKED, FLOAT64, ONE_OR_NONE):
+        with part(name):
+            for x, dim, case_part in cases:
+                if case_part != name:
+                    continue
+                d = -1 if dim is None else dim
+                label = f"softmax({_describe(x)})" if dim is None else f"softmax({_describe(x)}, dim={dim})"
+                want = torch.softmax(x, dim=d)
+                got, changed = _run(softmax, (x,), {} if dim is None else {"dim": dim}, label, forbid=TORCH_SOFTMAX)
+                changed_by.append(label if changed[0] else "")
+                _tensor(label, got, want)
+                if not _close(got, want, _softmax_atol(x)):
+                    fail(f"{label} returned {_values(got)}, expected {_values(want)} "
+                         f"(largest difference {_max_diff(got, want)})", _softmax_mistake(x, d, got, want))
+    with part(UNCHANGED):
+        _unchanged(changed_by, "its input", IN_PLACE_SOFTMAX)
     # A training step: chapter 8 backpropagates through the softmax to the scores.
     x, r = _randn(3, 4, 5, seed=120, scale=5, dtype=torch.float64), _randn(3, 4, 5, seed=121, dtype=torch.float64)
     with torch.enable_grad():
         xr = x.clone().requires_grad_(True)
         want = torch.softmax(xr, dim=1)
         (dx,) = _oracle_gradients(want, r, [xr])
-    _check_gradients(softmax, (x,), kwargs={"dim": 1}, want_out=want.detach(), want_inputs={0: ("x", dx)},
-                     want_params={}, weight=r, forbid=TORCH_SOFTMAX, no_graph=SOFTMAX_GRAPH,
-                     label=f"softmax(x, dim=1) on a float64 x of shape {tuple(x.shape)} that requires grad")
+    with part(GRADIENTS):
+        _check_gradients(softmax, (x,), kwargs={"dim": 1}, want_out=want.detach(), want_inputs={0: ("x", dx)},
+                         want_params={}, weight=r, forbid=TORCH_SOFTMAX, no_graph=SOFTMAX_GRAPH,
+                         label=f"softmax(x, dim=1) on a float64 x of shape {tuple(x.shape)} that requires grad")
+
+
+def _unchanged(changed_by: list[str], what: str, hint: str) -> None:
+    """Each call that returned left ``what`` as it was (``changed_by``: per call, its label if it changed them, else
+    ""). With no call that returned, nothing could be checked: that fails too."""
+    if not changed_by:
+        fail("not checked: no call returned a result")
+    label = next((c for c in changed_by if c), "")
+    if label:
+        fail(f"{label} changed {what} in place", hint)
 
 
 def _describe(x: torch.Tensor) -> str:
@@ -404,36 +449,43 @@ ATTENTION_GRAPH = ("no .detach(), .data or torch.no_grad() on the scores or on t
                    "weights @ v)")
 
 
+CAUSAL, OTHER_MASKS = "causal attention", "no mask, a mask of holes"
+LARGE_FLOAT64 = "float64, and scores in the thousands"
+ATTENTION_PARTS = {CAUSAL: 3, FEWER_QUERIES_PART: 1, OTHER_MASKS: 1, LARGE_FLOAT64: 1, UNCHANGED: 1, GRADIENTS: 1}
+
+
 def _attention_cases():
-    """(q, k, v, mask, what, hint): the mask is a bool tensor that broadcasts against the scores, or None; the hint
-    is for an error the learner's code raises on that case."""
+    """(q, k, v, mask, what, hint, the part it belongs to): the mask is a bool tensor that broadcasts against the
+    scores, or None; the hint is for an error the learner's code raises on that case."""
     causal = _oracle_mask
     cases = []
     q, k, v = (_randn(2, 5, 8, seed=40 + i) for i in range(3))
-    cases.append((q, k, v, causal(5, 5), "causal, (B, T, D) = (2, 5, 8)", ""))
+    cases.append((q, k, v, causal(5, 5), "causal, (B, T, D) = (2, 5, 8)", "", CAUSAL))
     q, k, v = (_randn(2, 3, 7, 5, seed=43 + i) for i in range(3))
-    cases.append((q, k, v, causal(7, 7), "causal, 3 heads, head size 5", ""))
+    cases.append((q, k, v, causal(7, 7), "causal, 3 heads, head size 5", "", CAUSAL))
     q, k, v = (_randn(1, 1, 1, 6, seed=46 + i) for i in range(3))
-    cases.append((q, k, v, causal(1, 1), "one position", ""))
+    cases.append((q, k, v, causal(1, 1), "one position", "", CAUSAL))
     q = _randn(2, 2, 3, 12, seed=49)
     k, v = _randn(2, 2, 9, 12, seed=50), _randn(2, 2, 9, 6, seed=51)
-    cases.append((q, k, v, causal(3, 9), "3 queries, the last of 9 keys, values of size 6", FEWER_QUERIES))
+    cases.append((q, k, v, causal(3, 9), "3 queries, the last of 9 keys, values of size 6", FEWER_QUERIES,
+                  FEWER_QUERIES_PART))
     q = _randn(2, 3, 1, 8, seed=62)
     k, v = _randn(2, 3, 9, 8, seed=63), _randn(2, 3, 9, 8, seed=64)
-    cases.append((q, k, v, causal(1, 9), "one query, the last of 9 keys (chapter 7's cache)", FEWER_QUERIES))
+    cases.append((q, k, v, causal(1, 9), "one query, the last of 9 keys (chapter 7's cache)", FEWER_QUERIES,
+                  FEWER_QUERIES_PART))
     q, k, v = (_randn(3, 6, 10, seed=52 + i) for i in range(3))
-    cases.append((q, k, v, None, "no mask", ""))
+    cases.append((q, k, v, None, "no mask", "", OTHER_MASKS))
     q, k, v = (_randn(2, 4, 6, 3, seed=55 + i) for i in range(3))
     g = torch.Generator().manual_seed(58)
     mask = torch.rand(2, 1, 6, 6, generator=g) < 0.5
     mask[..., 0] = True  # every query sees at least one key
-    cases.append((q, k, v, mask, "a (B, 1, T, T) mask of random holes", ""))
+    cases.append((q, k, v, mask, "a (B, 1, T, T) mask of random holes", "", OTHER_MASKS))
     q, k, v = (_randn(2, 2, 11, 7, seed=59 + i, dtype=torch.float64) for i in range(3))
-    cases.append((q, k, v, causal(11, 11), "float64, head size 7", ""))
+    cases.append((q, k, v, causal(11, 11), "float64, head size 7", "", LARGE_FLOAT64))
     # Scores in the thousands: a plain e^x overflows to inf (above 709 in float64), and inf / inf is nan.
     q, k = (_randn(2, 2, 6, 4, seed=65 + i, scale=40, dtype=torch.float64) for i in range(2))
     v = _randn(2, 2, 6, 4, seed=67, dtype=torch.float64)
-    cases.append((q, k, v, causal(6, 6), "float64, scores in the thousands", ""))
+    cases.append((q, k, v, causal(6, 6), "float64, scores in the thousands", "", LARGE_FLOAT64))
     return cases
 
 
@@ -449,27 +501,19 @@ def _attention_label(q, k, v, mask, what) -> str:
     return f"attention({shapes}, mask={'None' if mask is None else tuple(mask.shape)}) [{what}]"
 
 
-@cell("test_attention")
+@cell("test_attention", parts=ATTENTION_PARTS)
 def check_attention(attention):
     because = because_of(softmax="test_softmax")
-    for q, k, v, mask, what, hint in _attention_cases():
-        label = _attention_label(q, k, v, mask, what)
-        want_out, want_w = _oracle_attention(q, k, v, mask)
-        got, changed = _run(attention, (q, k, v, mask), {}, label, hint=_also(hint, because))
-        if any(changed[:3]):
-            fail(f"{label} changed q, k or v in place", "compute new tensors (q / s, not q /= s): the caller "
-                 "still needs its queries, keys and values")
-        if not (isinstance(got, tuple) and len(got) == 2):
-            fail(f"{label} returned {_shape(got)}; return a pair (output, weights)")
-        out, weights = got
-        _tensor(label, weights, want_w, ": the weights", because)
-        if not _close(weights, want_w):
-            fail(f"{label}: the weights differ from scaled_dot_product_attention's by {_max_diff(weights, want_w)}",
-                 _also(_attention_mistake(q, k, v, mask, weights, because), because))
-        _tensor(label, out, want_out, ": the output", because)
-        if not _close(out, want_out):
-            fail(f"{label}: the output differs from scaled_dot_product_attention's by {_max_diff(out, want_out)}",
-                 _also("the weights are right: the output is weights @ v", because))
+    cases = _attention_cases()
+    changed_by = []  # the label of each call that changed q, k or v in place, once per call that returned
+    for name in (CAUSAL, FEWER_QUERIES_PART, OTHER_MASKS, LARGE_FLOAT64):
+        with part(name):
+            for q, k, v, mask, what, hint, case_part in cases:
+                if case_part == name:
+                    _check_attention(attention, q, k, v, mask, what, hint, because, changed_by)
+    with part(UNCHANGED):
+        _unchanged(changed_by, "q, k or v", "compute new tensors (q / s, not q /= s): the caller still needs its "
+                                            "queries, keys and values")
     # A training step, 4 queries against 7 keys: chapter 8 backpropagates through attention to q, k and v.
     q, k, v = (_randn(2, 2, t, 5, seed=125 + i, dtype=torch.float64) for i, t in enumerate((4, 7, 7)))
     mask, r = _oracle_mask(4, 7), _randn(2, 2, 4, 5, seed=128, dtype=torch.float64)
@@ -477,10 +521,29 @@ def check_attention(attention):
         qkv = [t.clone().requires_grad_(True) for t in (q, k, v)]
         want = F.scaled_dot_product_attention(*qkv, attn_mask=mask)
         grads = _oracle_gradients(want, r, qkv)
-    _check_gradients(attention, (q, k, v, mask), pick=0, want_out=want.detach(), weight=r, want_params={},
-                     want_inputs={i: (name, grad) for i, (name, grad) in enumerate(zip("qkv", grads))},
-                     no_graph=ATTENTION_GRAPH, because=because,
-                     label="attention(q, k, v, causal mask (4, 7)) on float64 q, k, v that require grad")
+    with part(GRADIENTS):
+        _check_gradients(attention, (q, k, v, mask), pick=0, want_out=want.detach(), weight=r, want_params={},
+                         want_inputs={i: (name, grad) for i, (name, grad) in enumerate(zip("qkv", grads))},
+                         no_graph=ATTENTION_GRAPH, because=because,
+                         label="attention(q, k, v, causal mask (4, 7)) on float64 q, k, v that require grad")
+
+
+def _check_attention(attention, q, k, v, mask, what: str, hint: str, because: str, changed_by: list[str]) -> None:
+    label = _attention_label(q, k, v, mask, what)
+    want_out, want_w = _oracle_attention(q, k, v, mask)
+    got, changed = _run(attention, (q, k, v, mask), {}, label, hint=_also(hint, because))
+    changed_by.append(label if any(changed[:3]) else "")
+    if not (isinstance(got, tuple) and len(got) == 2):
+        fail(f"{label} returned {_shape(got)}; return a pair (output, weights)")
+    out, weights = got
+    _tensor(label, weights, want_w, ": the weights", because)
+    if not _close(weights, want_w):
+        fail(f"{label}: the weights differ from scaled_dot_product_attention's by {_max_diff(weights, want_w)}",
+             _also(_attention_mistake(q, k, v, mask, weights, because), because))
+    _tensor(label, out, want_out, ": the output", because)
+    if not _close(out, want_out):
+        fail(f"{label}: the output differs from scaled_dot_product_attention's by {_max_diff(out, want_out)}",
+             _also("the weights are right: the output is weights @ v", because))
 
 
 def _attention_mistake(q, k, v, mask, weights, because: str = "") -> str:
@@ -531,9 +594,13 @@ def _attention_mistake(q, k, v, mask, weights, because: str = "") -> str:
     if because:
         return ""
     if isinstance(weights, torch.Tensor) and (weights.isnan() | weights.isinf()).any():
-        return ("your weights hold nan where torch's hold numbers: on large scores e^x overflows (above 88 in "
-                "float32, 709 in float64) and inf / inf is nan. Compute the weights with your softmax, which "
-                "subtracts the maximum first")
+        if scaled.abs().max().item() > (88 if scaled.dtype == torch.float32 else 709):
+            return ("your weights hold nan where torch's hold numbers: on large scores e^x overflows (above 88 in "
+                    "float32, 709 in float64) and inf / inf is nan. Compute the weights with your softmax, which "
+                    "subtracts the maximum first")
+        return ("your weights hold nan where torch's hold numbers, on scores too small to overflow: look for 0 * inf "
+                "(a mask multiplied by -inf gives 0 * -inf = nan where keys are allowed) or 0 / 0. Hide the scores "
+                "with scores.masked_fill(~mask, float('-inf'))")
     if mask is not None and isinstance(weights, torch.Tensor) and weights.shape[-2:] == mask.shape[-2:]:
         leak = (weights.detach().abs() > 1e-7) & ~mask
         if leak.any():
@@ -605,35 +672,49 @@ def _oracle_layer(w, x, n_head):
     return y.transpose(0, 1)
 
 
-@cell("test_causal_self_attention")
+LAYER_VALUES, SPLIT_MERGE, NO_PEEKING = ("the same as torch's multi-head attention", "split_heads and merge_heads",
+                                         "no peeking ahead")
+LAYER_PARTS = {LAYER_VALUES: 3, SPLIT_MERGE: 1, NO_PEEKING: 1, "sequences of several lengths in turn": 1, FLOAT64: 1,
+               GRADIENTS: 1}
+
+
+@cell("test_causal_self_attention", parts=LAYER_PARTS)
 def check_causal_self_attention(CausalSelfAttention):
     because = because_of(**LAYER_USES)
-    for n, (C, H, B, T) in enumerate(LAYER_CASES):
-        layer, w = _layer(CausalSelfAttention, C, H, seed=70 + n)
-        x = _randn(B, T, C, seed=80 + n)
-        _check_split_merge(layer, x, C, H)
-        label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}"
+    cases = [(*_layer(CausalSelfAttention, C, H, seed=70 + n), _randn(B, T, C, seed=80 + n), C, H, n)
+             for n, (C, H, B, T) in enumerate(LAYER_CASES)]
+    with part(SPLIT_MERGE):
+        for layer, w, x, C, H, n in cases:
+            _check_split_merge(layer, x, C, H)
+    with torch.no_grad(), learner_side(no_grad=True):
+        with part(LAYER_VALUES):
+            for layer, w, x, C, H, n in cases:
+                label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}"
+                y = call(layer, x, label=label, hint=because)
+                _tensor(label, y, x, because=because)
+                want = _oracle_layer(w, x, H)
+                if not _close(y, want):
+                    fail(f"{label}: the output differs from torch's multi-head attention by {_max_diff(y, want)}",
+                         _also(_layer_mistake(w, x, y, H, because), because))
+        with part(NO_PEEKING):
+            for layer, w, x, C, H, n in cases:
+                _check_no_peeking(layer, x, C, H, seed=90 + n, because=because)
+    with part("sequences of several lengths in turn"):
+        _check_lengths(CausalSelfAttention, because)
+    # float64 through and through: the mask and the scale must not force float32.
+    with part(FLOAT64):
+        layer, w = _layer(CausalSelfAttention, 12, 3, seed=99, dtype=torch.float64)
+        x = _randn(2, 5, 12, seed=100, dtype=torch.float64)
+        label = "CausalSelfAttention(12, 3).double() on float64 x"
         with torch.no_grad(), learner_side(no_grad=True):
             y = call(layer, x, label=label, hint=because)
-            _tensor(label, y, x, because=because)
-            _check_no_peeking(layer, x, y, C, H, seed=90 + n, because=because)
-            want = _oracle_layer(w, x, H)
-            if not _close(y, want):
-                fail(f"{label}: the output differs from torch's multi-head attention by {_max_diff(y, want)}",
-                     _also(_layer_mistake(w, x, y, H, because), because))
-    _check_lengths(CausalSelfAttention, because)
-    # float64 through and through: the mask and the scale must not force float32.
-    layer, w = _layer(CausalSelfAttention, 12, 3, seed=99, dtype=torch.float64)
-    x = _randn(2, 5, 12, seed=100, dtype=torch.float64)
-    label = "CausalSelfAttention(12, 3).double() on float64 x"
-    with torch.no_grad(), learner_side(no_grad=True):
-        y = call(layer, x, label=label, hint=because)
-        want = _oracle_layer(w, x, 3)
-    _tensor(label, y, want, because=because)
-    if not _close(y, want, atol=1e-9):
-        fail(f"{label}: the output differs from torch's by {_max_diff(y, want)}",
-             _also("keep the input's dtype all the way through", because))
-    _check_layer_gradients(CausalSelfAttention, because)
+            want = _oracle_layer(w, x, 3)
+        _tensor(label, y, want, because=because)
+        if not _close(y, want, atol=1e-9):
+            fail(f"{label}: the output differs from torch's by {_max_diff(y, want)}",
+                 _also("keep the input's dtype all the way through", because))
+    with part(GRADIENTS):
+        _check_layer_gradients(CausalSelfAttention, because)
 
 
 def _check_lengths(CausalSelfAttention, because: str) -> None:
@@ -672,12 +753,13 @@ def _check_layer_gradients(CausalSelfAttention, because: str) -> None:
 
 
 def _check_split_merge(layer, x, C, H):
+    """split_heads and merge_heads move numbers without computing: their results must be exact."""
     B, T, _ = x.shape
     name = f"CausalSelfAttention({C}, {H})"
     got = call(layer.split_heads, x, label=f"{name}.split_heads(x of shape {tuple(x.shape)})")
     want = _oracle_split(x, H)
     _tensor(f"{name}.split_heads(x of shape {tuple(x.shape)})", got, want)
-    if not torch.equal(got, want):
+    if not close(got, want, atol=0, rtol=0):
         hint = "head h holds the channels h * head_size .. (h + 1) * head_size - 1 of every position"
         if torch.equal(got, x.reshape(B, H, T, C // H)):
             hint = ("a plain view(B, n_head, T, head_size) mixes positions and channels: the (B, T, C) memory "
@@ -689,7 +771,7 @@ def _check_split_merge(layer, x, C, H):
     back = call(layer.merge_heads, heads, label=f"{name}.merge_heads(heads of shape {tuple(heads.shape)})")
     want_back = heads.transpose(1, 2).reshape(B, T, C)
     _tensor(f"{name}.merge_heads(heads of shape {tuple(heads.shape)})", back, want_back)
-    if not torch.equal(back, want_back):
+    if not close(back, want_back, atol=0, rtol=0):
         hint = "merge_heads must undo split_heads: merge_heads(split_heads(x)) == x"
         if torch.equal(back, heads.reshape(B, T, C)):
             hint += ("; a plain view/reshape to (B, T, C) does not undo the transpose: swap n_head and T back "
@@ -698,9 +780,15 @@ def _check_split_merge(layer, x, C, H):
              "where split_heads takes them from", hint)
 
 
-def _check_no_peeking(layer, x, y, C, H, seed, because: str = ""):
+def _check_no_peeking(layer, x, C, H, seed, because: str = ""):
+    """Changing the inputs after position t changes no output up to t (an output that turns nan has changed too).
+    Outputs that hold nan or inf to begin with cannot tell (nan is nan whatever it read): that fails."""
     B, T, _ = x.shape
     label = f"CausalSelfAttention({C}, {H}) on x of shape {tuple(x.shape)}"
+    y = call(layer, x, label=label, hint=because)
+    _tensor(label, y, x, because=because)
+    if not torch.isfinite(y).all():
+        fail(f"{label} returned nan or inf, so whether a position reads the ones after it cannot be told", because)
     for t in NO_PEEKING_AFTER:
         if t >= T - 1:
             continue
@@ -708,9 +796,8 @@ def _check_no_peeking(layer, x, y, C, H, seed, because: str = ""):
         x2[:, t + 1:] = _randn(B, T - t - 1, C, seed=seed + t, scale=3)
         y2 = call(layer, x2, label=label, hint=because)
         _tensor(label, y2, x, because=because)
-        changed = (y2[:, :t + 1] - y[:, :t + 1]).abs().amax(dim=(0, 2)) > ATOL
-        if changed.any():
-            p = int(changed.nonzero()[0])
+        p = next((p for p in range(t + 1) if not close(y2[:, p], y[:, p], atol=ATOL, rtol=0)), None)
+        if p is not None:
             fail(f"CausalSelfAttention({C}, {H}) peeks ahead: changing the inputs after position {t} changed "
                  f"the output at position {p}", _also(PEEKING, because))
 

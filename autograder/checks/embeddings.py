@@ -13,6 +13,11 @@ comes back is plain tensors, and the expected values are computed here from the 
 measured next to the learner's code is a helper (``autograder.helpers.embeddings``): whether a call changed its
 arguments in place, the gradients a backward pass leaves in a table, and which of the notebook's functions a
 failing function calls (a mistake in one of those is named as the likely cause, ``judge.because_of``).
+
+Each cell's checks are weighted parts (``judge.part``): the values on int64 ids weigh most; the other integer dtypes,
+ids with no elements, inputs left unchanged, the errors for bad ids, gradients, float64 tables and Hugging Face's
+input layer each cost their own share, so that one edge case costs its share and not the cell. Values compare with
+``coursekit.testing.close``: nan or inf where a number is expected is wrong.
 """
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from autograder.judge import LearnerError, ask, because_of, cell, earlier, seeded
-from coursekit.testing import call, describe_error, fail, not_written, show
+from autograder.judge import LearnerError, ask, because_of, cell, earlier, part, seeded
+from coursekit.testing import call, close, describe_error, fail, not_written, show
 
 ID_DTYPES = "int8, int16, int32, int64 or uint8"
 
@@ -61,8 +66,9 @@ def _vec(v: torch.Tensor) -> str:
 
 
 def _difference(got: torch.Tensor, want: torch.Tensor) -> str:
-    """Where the first wrong vector is, and what it holds."""
-    bad = (~torch.isclose(got.detach().double(), want.double(), atol=1e-5, rtol=1e-5)).reshape(-1, want.shape[-1])
+    """Where the first wrong vector is, and what it holds (as ``close`` tells them apart)."""
+    bad = (~torch.isclose(got.detach().double(), want.double(), atol=1e-5, rtol=1e-5, equal_nan=True)) \
+        .reshape(-1, want.shape[-1])
     first = int(bad.any(dim=-1).nonzero()[0])
     where = list(torch.unravel_index(torch.tensor(first), want.shape[:-1])) if want.dim() > 1 else []
     at = f" at {[int(i) for i in where]}" if where else ""
@@ -76,8 +82,7 @@ def _matches(got: torch.Tensor, candidate) -> bool:
         other = candidate()
     except Exception:  # noqa: BLE001 (the mistake cannot even run on this input)
         return False
-    return isinstance(other, torch.Tensor) and other.shape == got.shape and \
-        torch.allclose(got.detach().double(), other.double(), atol=1e-5, rtol=1e-5)
+    return isinstance(other, torch.Tensor) and close(got, other)
 
 
 def _compare(label: str, got, want: torch.Tensor, mistakes=(), dtype_hint: str = "", hint: str = "") -> None:
@@ -93,23 +98,34 @@ def _compare(label: str, got, want: torch.Tensor, mistakes=(), dtype_hint: str =
                 (lambda: want.squeeze(), "keep every dimension, even one of size 1 (a batch of one row, a single "
                                          "token): do not squeeze the result")]
     named = next((why for candidate, why in mistakes if _matches(got, candidate) and not _matches(want, candidate)),
-                 hint)
+                 "")
+    if not named and got.shape == want.shape and (~torch.isfinite(got.detach()) & torch.isfinite(want)).any():
+        named = ("your result holds nan or inf where the expected values are numbers: look for a division by zero "
+                 "(0 / 0 is nan) or an inf multiplied by 0")
+    named = named or hint
     if got.shape != want.shape:
         fail(f"{label} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}", named)
     fail(f"{label} returned wrong values: {_difference(got, want)}", named)
 
 
-def _run(fn, args: tuple, label: str, hint: str = "", names=None, **kwargs):
-    """``fn(*args, **kwargs)``, called next to the learner's code, which must leave its tensor arguments as they
-    were (``names``: theirs, for the message)."""
-    out, changed = call(ask, "embeddings.run", fn, *args, label=label, hint=hint, **kwargs)
-    for name, how in zip(names or [f"argument {i + 1}" for i in range(len(args))], changed):
-        if how:
-            fail(f"{label} changed the caller's {name} in place ({how}): it must leave its arguments as they were",
-                 "use out-of-place operations on the inputs (ids.unsqueeze(-1), not ids.unsqueeze_(-1); x = x + 1, "
-                 "not x += 1). Note that ids.long() returns ids itself when they are int64 already, so an in-place "
-                 "change of it changes the caller's ids")
-    return out
+def _run(fn, args: tuple, label: str, hint: str = "", **kwargs) -> tuple:
+    """``fn(*args, **kwargs)``, called next to the learner's code: (what it returned, [how it changed args[i] in
+    place, "" where it did not]) for ``_unchanged``."""
+    return call(ask, "embeddings.run", fn, *args, label=label, hint=hint, **kwargs)
+
+
+def _unchanged(calls: list[tuple[str, list[str]]], names: list[str]) -> None:
+    """The calls that returned, ``(label, how each argument changed in place)``, left their tensor arguments as they
+    were (``names``: theirs). With no call that returned, nothing could be checked: that fails too."""
+    if not calls:
+        fail("not checked: no call returned a result")
+    for label, changed in calls:
+        for name, how in zip(names, changed):
+            if how:
+                fail(f"{label} changed the caller's {name} in place ({how}): it must leave its arguments as they "
+                     "were", "use out-of-place operations on the inputs (ids.unsqueeze(-1), not ids.unsqueeze_(-1); "
+                     "x = x + 1, not x += 1). Note that ids.long() returns ids itself when they are int64 already, so "
+                     "an in-place change of it changes the caller's ids")
 
 
 def _input_hint(ids: torch.Tensor, name: str = "ids", last: str = "C") -> str:
@@ -168,10 +184,27 @@ def _charged_to(obj, **cells: str):
         raise AssertionError(f"{message}\nHint: {note}" + (f". If not: {hint}" if sep else "")) from None
 
 
+@contextlib.contextmanager
+def _charged_part(name: str, obj, uses: dict[str, str]):
+    """``judge.part(name)``, whose failure also says which of the notebook's functions that ``obj`` calls (``uses``,
+    {name: its test cell}) fail their own tests (``_charged_to``)."""
+    with part(name), _charged_to(obj, **uses):
+        yield
+
+
 CHECK_IDS_HINT = "call check_ids(ids, vocab_size) first: it raises ValueError naming the id"
 # (ids, what they are, in a label): check_ids accepts integer tensors only
 NOT_INTEGERS = [(torch.tensor([1.0, 2.0]), "a float tensor", "float ids"),
                 (torch.tensor([True, False]), "a bool tensor", "bool ids")]
+# The parts the three cells share. A cell's values on int64 ids weigh most; every other part checks one thing the
+# contract promises. Each part is entered once, its cases in a loop inside it: its first failure is its message.
+OTHER_DTYPES, NO_IDS, UNCHANGED = "int8, int16, int32 and uint8 ids", "ids with no elements", "inputs left unchanged"
+GRADIENTS, FLOAT64, BAD_IDS = "gradients for training", "float64 tables", "ValueError for bad ids"
+
+
+def _part_of(ids: torch.Tensor, values: str) -> str:
+    """The part that a call on ``ids`` belongs to: ``values`` for int64 ids with elements."""
+    return NO_IDS if ids.numel() == 0 else OTHER_DTYPES if ids.dtype != torch.long else values
 
 
 # ---------------------------------------------------------------- one_hot
@@ -185,23 +218,36 @@ ONE_HOT_CASES = [((6,), 11, torch.long), ((3, 5), 17, torch.long), ((2, 3, 4), 9
                  ((2, 0), 3, torch.int32)]
 
 
-@cell("test_one_hot")
+ONE_HOT_VALUES = "one-hot vectors of int64 ids"
+
+
+@cell("test_one_hot", parts={ONE_HOT_VALUES: 3, OTHER_DTYPES: 1, NO_IDS: 1, UNCHANGED: 1, BAD_IDS: 1})
 def check_one_hot(one_hot):
-    for k, (shape, V, dtype) in enumerate(ONE_HOT_CASES):
-        ids = _ids(shape, V - 2 if k == 0 else V, seed=10 + k, dtype=dtype)
-        label = f"one_hot({_ids_text(ids)}, {V})"
-        hint = _input_hint(ids, last="vocab_size")
-        got = _run(one_hot, (ids, V), label, hint, names=["ids", "vocab_size"])
-        want = F.one_hot(ids.long(), V).float()
-        _compare(label, got, want, _one_hot_mistakes(ids, V),
-                 "one_hot must return floats (torch.float32), ready for the matrix product one_hot(ids, V) @ table: "
-                 "add .float()", hint)
-    for ids, V, bad in [(torch.tensor([3, 11, 1]), 11, "11"), (torch.tensor([[0, 1], [2, -3]]), 5, "-3"),
-                        (torch.tensor([7, 1000]), 8, "1000"), (torch.tensor([2, 9], dtype=torch.uint8), 9, "9")]:
-        _expect_value_error(f"one_hot({_ids_text(ids)}, {V})", lambda: one_hot(ids, V), bad, CHECK_IDS_HINT)
-    for ids, what, _ in NOT_INTEGERS:
-        _expect_value_error(f"one_hot({ids!r}, 4)", lambda: one_hot(ids, 4), "",
-                            f"ids must be integers; check_ids(ids, vocab_size) rejects {what}")
+    cases = [(_ids(shape, V - 2 if k == 0 else V, seed=10 + k, dtype=dtype), V)
+             for k, (shape, V, dtype) in enumerate(ONE_HOT_CASES)]
+    returned = []  # (label, how it changed its arguments) of each call that returned
+    for name in (ONE_HOT_VALUES, OTHER_DTYPES, NO_IDS):
+        with part(name):
+            for ids, V in cases:
+                if _part_of(ids, ONE_HOT_VALUES) != name:
+                    continue
+                label = f"one_hot({_ids_text(ids)}, {V})"
+                hint = _input_hint(ids, last="vocab_size")
+                got, changed = _run(one_hot, (ids, V), label, hint)
+                returned.append((label, changed))
+                want = F.one_hot(ids.long(), V).float()
+                _compare(label, got, want, _one_hot_mistakes(ids, V),
+                         "one_hot must return floats (torch.float32), ready for the matrix product one_hot(ids, V) @ "
+                         "table: add .float()", hint)
+    with part(UNCHANGED):
+        _unchanged(returned, ["ids", "vocab_size"])
+    with part(BAD_IDS):
+        for ids, V, bad in [(torch.tensor([3, 11, 1]), 11, "11"), (torch.tensor([[0, 1], [2, -3]]), 5, "-3"),
+                            (torch.tensor([7, 1000]), 8, "1000"), (torch.tensor([2, 9], dtype=torch.uint8), 9, "9")]:
+            _expect_value_error(f"one_hot({_ids_text(ids)}, {V})", lambda: one_hot(ids, V), bad, CHECK_IDS_HINT)
+        for ids, what, _ in NOT_INTEGERS:
+            _expect_value_error(f"one_hot({ids!r}, 4)", lambda: one_hot(ids, 4), "",
+                                f"ids must be integers; check_ids(ids, vocab_size) rejects {what}")
 
 
 def _one_hot_mistakes(ids, V):
@@ -232,36 +278,56 @@ ONE_HOT_PRODUCT = ("pick the rows of the table (table[ids]): the result has the 
                    "product with one_hot's float32 vectors does not")
 
 
-@cell("test_embedding_lookup")
+LOOKUP_VALUES = "rows of float32 tables for int64 ids"
+LOOKUP_USES = {"one_hot": "test_one_hot"}  # what the learner's embedding_lookup may call
+
+
+@cell("test_embedding_lookup", parts={LOOKUP_VALUES: 3, OTHER_DTYPES: 1, FLOAT64: 1, NO_IDS: 1, UNCHANGED: 1,
+                                      GRADIENTS: 1, BAD_IDS: 1})
 def check_embedding_lookup(embedding_lookup):
-    with _charged_to(embedding_lookup, one_hot="test_one_hot"):
-        _check_embedding_lookup(embedding_lookup)
-
-
-def _check_embedding_lookup(embedding_lookup):
+    cases = []
     for k, (shape, dtype, V, C, table_dtype) in enumerate(LOOKUP_CASES):
         table = _table(V, C, seed=20 + k, dtype=table_dtype)
         ids = _ids(shape, V, seed=30 + k, dtype=dtype)
         if ids.numel():
             ids.view(-1)[0], ids.view(-1)[-1] = V - 1, 0  # the first and the last row are used
-        label = f"embedding_lookup({_table_text(table)}, {_ids_text(ids)})"
-        hint = _input_hint(ids) or (ONE_HOT_PRODUCT if table_dtype != torch.float32 else "")
-        got = _run(embedding_lookup, (table, ids), label, hint, names=["table", "ids"])
-        want = F.embedding(ids.long(), table)
-        mistakes = [
-            (lambda: table[:, ids.long()], "pick rows of the table (one per token id), not columns: table[ids]"),
-            (lambda: table[ids.long().reshape(-1)], "keep the ids' shape: the result is (*ids.shape, C)"),
-            (lambda: table[ids.long() % 256], "ids above 255 wrapped around: uint8 (.byte()) holds 0 .. 255 only; "
-                                              "convert the ids with ids.long()"),
-            (lambda: table[ids.to(torch.int16).long()], "ids above 32767 wrapped around to negative ones: int16 "
-                                                        "(.short()) holds -32768 .. 32767 only; convert the ids with "
-                                                        "ids.long()"),
-        ]
-        _compare(label, got, want, mistakes, f"the result has the table's dtype ({_dtype(table_dtype)} here): pick "
-                                             "its rows as they are, without converting them", hint)
-        if k == 0:
-            _lookup_2d_after_1d(embedding_lookup)
-    _check_lookup_gradients(embedding_lookup)
+        cases.append((_part_of(ids, LOOKUP_VALUES if table_dtype == torch.float32 else FLOAT64), table, ids))
+    returned = []  # (label, how it changed its arguments) of each call that returned
+    for name in (LOOKUP_VALUES, OTHER_DTYPES, FLOAT64, NO_IDS):
+        with _charged_part(name, embedding_lookup, LOOKUP_USES):
+            for case_part, table, ids in cases:
+                if case_part == name:
+                    _check_lookup(embedding_lookup, table, ids, returned)
+                    if ids.dim() == 1 and name == LOOKUP_VALUES:  # a row of ids worked: now a batch
+                        _lookup_2d_after_1d(embedding_lookup)
+    with _charged_part(UNCHANGED, embedding_lookup, LOOKUP_USES):
+        _unchanged(returned, ["table", "ids"])
+    with _charged_part(GRADIENTS, embedding_lookup, LOOKUP_USES):
+        _check_lookup_gradients(embedding_lookup)
+    with _charged_part(BAD_IDS, embedding_lookup, LOOKUP_USES):
+        _check_lookup_errors(embedding_lookup)
+
+
+def _check_lookup(embedding_lookup, table, ids, returned: list) -> None:
+    label = f"embedding_lookup({_table_text(table)}, {_ids_text(ids)})"
+    hint = _input_hint(ids) or (ONE_HOT_PRODUCT if table.dtype != torch.float32 else "")
+    got, changed = _run(embedding_lookup, (table, ids), label, hint)
+    returned.append((label, changed))
+    want = F.embedding(ids.long(), table)
+    mistakes = [
+        (lambda: table[:, ids.long()], "pick rows of the table (one per token id), not columns: table[ids]"),
+        (lambda: table[ids.long().reshape(-1)], "keep the ids' shape: the result is (*ids.shape, C)"),
+        (lambda: table[ids.long() % 256], "ids above 255 wrapped around: uint8 (.byte()) holds 0 .. 255 only; "
+                                          "convert the ids with ids.long()"),
+        (lambda: table[ids.to(torch.int16).long()], "ids above 32767 wrapped around to negative ones: int16 "
+                                                    "(.short()) holds -32768 .. 32767 only; convert the ids with "
+                                                    "ids.long()"),
+    ]
+    _compare(label, got, want, mistakes, f"the result has the table's dtype ({_dtype(table.dtype)} here): pick "
+                                         "its rows as they are, without converting them", hint)
+
+
+def _check_lookup_errors(embedding_lookup):
     table = _table(6, 3, seed=40)
     wrong = {
         "6": [(lambda: table[[5]], "id 6 was clamped to the last row 5"),
@@ -316,7 +382,7 @@ def _check_lookup_gradients(embedding_lookup):
              "index the table itself (table[ids]), not table.detach() or table.data, and not under torch.no_grad()")
     want = torch.zeros(V, C).index_add_(0, ids.flatten(), weight.reshape(-1, C))
     grad = answer.get("table")
-    if not isinstance(grad, torch.Tensor) or grad.shape != want.shape or not torch.allclose(grad, want, atol=1e-5):
+    if not isinstance(grad, torch.Tensor) or not close(grad, want):
         fail(f"after {label}, (out * w).sum().backward() gives the table the gradient {show(grad)}, expected "
              f"{show(want)}: each row should get the sum of w at every place it was picked",
              "index the table itself (table[ids]) and do not detach any part of it")
@@ -400,26 +466,48 @@ def _embeddings_mistakes(wte, wpe, idx, offset):
     ]
 
 
-@cell("test_embeddings")
+EMBEDDINGS_VALUES, GPT2_LAYER = "values on (B, T) ids, with and without offset", "the same as GPT-2's input layer"
+EMBEDDINGS_PARTS = {EMBEDDINGS_VALUES: 3, OTHER_DTYPES: 1, NO_IDS: 1, UNCHANGED: 1, BAD_IDS: 1, GRADIENTS: 1,
+                    FLOAT64: 1, GPT2_LAYER: 1}
+
+
+@cell("test_embeddings", parts=EMBEDDINGS_PARTS)
 def check_embeddings(Embeddings):
     with _charged_to(Embeddings, **USED):
-        for k, ((V, block, C), calls) in enumerate(EMBEDDINGS_CASES):
-            emb, wte, wpe = _embeddings(Embeddings, V, block, C, seed=60 + 2 * k)
-            for j, (B, T, offset, dtype) in enumerate(calls):
-                _check_forward(emb, _ids((B, T), V, seed=100 * k + j, dtype=dtype), offset, wte, wpe)
+        layers = [(_embeddings(Embeddings, V, block, C, seed=60 + 2 * k), calls)
+                  for k, ((V, block, C), calls) in enumerate(EMBEDDINGS_CASES)]
+    returned = []  # (label, how it changed idx) of each call that returned
+    for name in (EMBEDDINGS_VALUES, OTHER_DTYPES, NO_IDS):
+        with _charged_part(name, Embeddings, USED):
+            for k, ((emb, wte, wpe), calls) in enumerate(layers):
+                for j, (B, T, offset, dtype) in enumerate(calls):
+                    idx = _ids((B, T), wte.shape[0], seed=100 * k + j, dtype=dtype)
+                    if _part_of(idx, EMBEDDINGS_VALUES) == name:
+                        _check_forward(emb, idx, offset, wte, wpe, returned)
+    with _charged_part(BAD_IDS, Embeddings, USED):
         _check_embeddings_errors(Embeddings)
+    with _charged_part(GRADIENTS, Embeddings, USED):
         _check_gradients(Embeddings)
-        _check_float64(Embeddings)
-        _check_against_gpt2(Embeddings)
+    with _charged_part(FLOAT64, Embeddings, USED):
+        _check_float64(Embeddings, returned)
+    with _charged_part(GPT2_LAYER, Embeddings, USED):
+        _check_against_gpt2(Embeddings, returned)
+    with _charged_part(UNCHANGED, Embeddings, USED):
+        _unchanged(returned, ["idx"])
 
 
-def _check_forward(emb, idx, offset, wte, wpe, suffix=""):
+def _check_forward(emb, idx, offset, wte, wpe, returned: list, suffix="", want=None):
+    """``emb(idx, offset)`` equals ``want`` (default: what the tables ``wte`` and ``wpe``, which ``emb`` holds, give);
+    how it changed ``idx`` goes to ``returned``, for ``_unchanged``."""
     V, C = wte.shape
     block = wpe.shape[0]
-    got = _forward(emb, idx, offset, V, block, C, wte.dtype)
-    pos = torch.arange(offset, offset + idx.shape[1])
-    want = F.embedding(idx.long(), wte) + F.embedding(pos, wpe)
-    _compare(_forward_label(idx, offset, V, block, C) + suffix, got, want, _embeddings_mistakes(wte, wpe, idx, offset),
+    label = _forward_label(idx, offset, V, block, C) + suffix
+    got, changed = _forward(emb, idx, offset, V, block, C, wte.dtype)
+    returned.append((label, changed))
+    if want is None:
+        pos = torch.arange(offset, offset + idx.shape[1])
+        want = F.embedding(idx.long(), wte) + F.embedding(pos, wpe)
+    _compare(label, got, want, _embeddings_mistakes(wte, wpe, idx, offset),
              "the output has the tables' dtype: after .double() they hold float64, and so must the output",
              _input_hint(idx, "idx"))
 
@@ -430,8 +518,8 @@ def _forward_label(idx, offset, V, block, C) -> str:
 
 
 def _forward(emb, idx, offset, V, block, C, dtype=torch.float32):
-    """emb(idx) or emb(idx, offset=offset), which must leave idx as it was; a ValueError where the positions fit
-    is named as such."""
+    """(emb(idx) or emb(idx, offset=offset), how it changed idx in place: "" if not); a ValueError where the positions
+    fit is named as such."""
     label = _forward_label(idx, offset, V, block, C)
     try:
         out, changed = ask("embeddings.run", emb, idx, offset=offset) if offset else ask("embeddings.run", emb, idx)
@@ -457,10 +545,7 @@ def _forward(emb, idx, offset, V, block, C, dtype=torch.float32):
             hint = ("check your positions: they count the T tokens of each row (idx.shape[1]) and are the same "
                     "for every row of the batch, so a (T, C) block of position vectors broadcasts over B")
         fail(f"{label} raised {describe_error(err)}", hint)
-    if changed and changed[0]:
-        fail(f"{label} changed the caller's idx in place ({changed[0]}): it must leave its arguments as they were",
-             "use out-of-place operations on idx (idx.long() is idx itself when it is int64 already)")
-    return out
+    return out, changed
 
 
 def _check_embeddings_errors(Embeddings):
@@ -519,17 +604,17 @@ def _check_gradients(Embeddings):
     params = answer.get("params") or {}
     for name, w in want.items():
         grad = params.get(name)
-        if not isinstance(grad, torch.Tensor) or grad.shape != w.shape or not torch.allclose(grad, w, atol=1e-5):
+        if not isinstance(grad, torch.Tensor) or not close(grad, w):
             fail(f"after {label}, (out * w).sum().backward() leaves {name}.grad "
                  f"{'None' if grad is None else 'wrong'}: each row of {name.split('.')[0]} should get the sum of w "
                  "at every place it was used", "compute with the tables themselves, not with .data or .detach()")
 
 
-def _check_float64(Embeddings):
+def _check_float64(Embeddings, returned: list):
     """A layer made float64 by .double() computes in float64."""
     V, block, C = 40, 7, 3
     emb, wte, wpe = _embeddings(Embeddings, V, block, C, seed=85, dtype=torch.float64)
-    _check_forward(emb, _ids((2, 5), V, seed=86), 2, wte, wpe, suffix=" after .double()")
+    _check_forward(emb, _ids((2, 5), V, seed=86), 2, wte, wpe, returned, suffix=" after .double()")
 
 
 # ---------------------------------------------------------------- against Hugging Face's GPT-2
@@ -563,13 +648,11 @@ def gpt2_input_layer(model, idx: torch.Tensor, offset: int) -> torch.Tensor:
         return model(idx, past_key_values=cache, use_cache=cache is not None, output_hidden_states=True).hidden_states[0]
 
 
-def _check_against_gpt2(Embeddings):
+def _check_against_gpt2(Embeddings, returned: list):
     V, block, C = 97, 10, 8
     model = _gpt2(V, block, C)
-    emb, _, _ = _embeddings(Embeddings, V, block, C, tables=(model.wte.weight, model.wpe.weight))
+    emb, wte, wpe = _embeddings(Embeddings, V, block, C, tables=(model.wte.weight, model.wpe.weight))
     for j, (B, T, offset) in enumerate([(2, 10, 0), (3, 4, 6), (1, 1, 9), (2, 3, 2)]):
         idx = _ids((B, T), V, seed=95 + j)
-        want = gpt2_input_layer(model, idx, offset)
-        got = _forward(emb, idx, offset, V, block, C)
-        _compare(_forward_label(idx, offset, V, block, C) + " with GPT-2's tables", got, want,
-                 _embeddings_mistakes(model.wte.weight.detach(), model.wpe.weight.detach(), idx, offset))
+        _check_forward(emb, idx, offset, wte, wpe, returned, suffix=" with GPT-2's tables",
+                       want=gpt2_input_layer(model, idx, offset))

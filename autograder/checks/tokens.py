@@ -19,7 +19,7 @@ import tiktoken
 
 import coursekit
 from autograder.helpers import tokens as recipes
-from autograder.judge import ask, because_of, cell, make
+from autograder.judge import ask, because_of, cell, make, part
 from coursekit.testing import call, describe_error, fail, not_written, show
 
 END = "<|endoftext|>"
@@ -47,6 +47,11 @@ LONG_PIECE = "a" * 2000
 LONG_TEXTS = [LONG_PIECE, "1234567890" * 60, " " * 300 + "x", "ab" * 300 + "!" * 300]
 # What the tokenizer's cells ran through the learner's pre_split and bpe_merge.
 USES_MERGING = {"pre_split": "test_pre_split", "bpe_merge": "test_bpe_merge"}
+
+
+# The parts of the cells that run texts of these kinds, with their weights.
+EVERY_KIND, SHORTEST, LONGEST = "texts of every kind", "the empty text and one character", "very long texts"
+TEXT_PARTS = {EVERY_KIND: 4, SHORTEST: 1, LONGEST: 1}
 
 
 def _texts() -> list[str]:
@@ -81,15 +86,17 @@ def _oracle_pieces(text: str) -> list[str]:
 
 # ---------------------------------------------------------------- pre_split
 
-@cell("test_pre_split")
+@cell("test_pre_split", parts=TEXT_PARTS)
 def check_pre_split(pre_split):
-    texts = _texts() + _corpus_sample().splitlines(keepends=True)[:80]
-    for text in texts:
-        got = call(pre_split, text, name="pre_split")
-        want = _oracle_pieces(text)
-        if got != want:
-            fail(f"pre_split({show(text)}) returned {show(got)}, expected {show(want)}",
-                 _pre_split_hint(text, got, want))
+    every_kind = HIDDEN_TEXTS + _corpus_sample().splitlines(keepends=True)[:80]
+    for name, texts in ((SHORTEST, SHORT_TEXTS), (EVERY_KIND, every_kind), (LONGEST, LONG_TEXTS)):
+        with part(name):
+            for text in texts:
+                got = call(pre_split, text, name="pre_split")
+                want = _oracle_pieces(text)
+                if got != want:
+                    fail(f"pre_split({show(text)}) returned {show(got)}, expected {show(want)}",
+                         _pre_split_hint(text, got, want))
 
 
 def _pre_split_hint(text, got, want) -> str:
@@ -118,29 +125,41 @@ def _pre_split_hint(text, got, want) -> str:
 # ---------------------------------------------------------------- bpe_merge
 
 # Small tables where the common mistakes give other answers than the right merge order.
-TOY_CASES = [
+ORDER_CASES = [
     ({b"a": 0, b"b": 1, b"c": 2, b"bc": 3, b"ab": 4}, b"abc", [b"a", b"bc"]),
     ({b"a": 0, b"b": 1, b"c": 2, b"d": 3, b"cd": 4, b"ab": 5, b"abcd": 6}, b"abcd", [b"abcd"]),
     ({b"a": 0, b"aa": 1, b"aaaa": 2}, b"aaaaa", [b"aaaa", b"a"]),
     ({b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"bc": 4}, b"abc", [b"ab", b"c"]),
     ({b"a": 0, b"b": 1}, b"abba", [b"a", b"b", b"b", b"a"]),
-    # the sizes: no byte, one byte, two bytes that merge
+]
+# The sizes: no byte, one byte, two bytes that merge.
+SIZE_CASES = [
     ({b"a": 0, b"b": 1, b"ab": 2}, b"", []),
     ({b"a": 0, b"b": 1, b"ab": 2}, b"b", [b"b"]),
     ({b"a": 0, b"b": 1, b"ab": 2}, b"ab", [b"ab"]),
 ]
+TOY_CASES = ORDER_CASES + SIZE_CASES
+MERGE_PARTS = {"GPT-2's ranks on the pieces of real text": 3, "the order of merges on small tables": 2,
+               "no byte, one byte, two bytes": 1, "pieces longer than any token": 1}
 
 
-@cell("test_bpe_merge")
+@cell("test_bpe_merge", parts=MERGE_PARTS)
 def check_bpe_merge(bpe_merge):
-    for ranks, piece, want in TOY_CASES:
-        _check_one_merge(bpe_merge, piece, ranks, want, "a small table")
+    with part("the order of merges on small tables"):
+        for ranks, piece, want in ORDER_CASES:
+            _check_one_merge(bpe_merge, piece, ranks, want, "a small table")
+    with part("no byte, one byte, two bytes"):
+        for ranks, piece, want in SIZE_CASES:
+            _check_one_merge(bpe_merge, piece, ranks, want, "a small table")
     enc = _encoding()
     theirs = make("common.gpt2_ranks")  # the same table, on the learner's side
-    pieces = {p for text in _texts() + [_corpus_sample()] for p in _oracle_pieces(text)}
-    for piece in sorted(pieces, key=lambda p: (len(p) > 100, p)):  # the long pieces last
-        want = [enc.decode_single_token_bytes(t) for t in enc.encode_ordinary(piece)]
-        _check_one_merge(bpe_merge, piece.encode("utf-8"), _ranks(), want, "GPT-2's ranks", theirs)
+    pieces = sorted({p for text in _texts() + [_corpus_sample()] for p in _oracle_pieces(text)})
+    for name, long in (("GPT-2's ranks on the pieces of real text", False), ("pieces longer than any token", True)):
+        with part(name):
+            for piece in pieces:
+                if (len(piece) > 100) == long:  # LONG_TEXTS' pieces, and no others
+                    want = [enc.decode_single_token_bytes(t) for t in enc.encode_ordinary(piece)]
+                    _check_one_merge(bpe_merge, piece.encode("utf-8"), _ranks(), want, "GPT-2's ranks", theirs)
 
 
 def _check_one_merge(bpe_merge, piece, ranks, want, table_name, theirs=None):
@@ -266,20 +285,29 @@ def _first_wrong_piece(text, got) -> str:
     return ""
 
 
-@cell("test_encode_ordinary")
+END_AS_TEXT, TABLES_APART = f"{END} as plain text", "two tokenizers with different tables"
+
+
+@cell("test_encode_ordinary", parts={**TEXT_PARTS, END_AS_TEXT: 1, TABLES_APART: 1})
 def check_encode_ordinary(Tokenizer):
     tok = _tokenizer(Tokenizer)
     enc = _encoding()
-    for text in _texts() + [_corpus_sample(), END, f"a{END}b"]:
-        got = call(tok.encode_ordinary, text, name="Tokenizer.encode_ordinary", hint=_because(**USES_MERGING))
-        want = enc.encode_ordinary(text)
-        if got != want:
-            hint = _first_wrong_piece(text, got) if isinstance(got, list) else "return a list of int ids"
-            if END in text and isinstance(got, list) and 50256 in got:
-                hint = f"encode_ordinary treats {END!r} as plain text; only encode(..., allowed_special=...) makes it id 50256"
-            fail(f"Tokenizer.encode_ordinary({show(text)}) returned {show(got)}, expected {show(want)}",
-                 _because(hint, **USES_MERGING))
-    _check_tables_apart(tok, _small_tokenizer(Tokenizer))
+    for name, texts in ((SHORTEST, SHORT_TEXTS), (EVERY_KIND, HIDDEN_TEXTS + [_corpus_sample()]),
+                        (LONGEST, LONG_TEXTS), (END_AS_TEXT, [END, f"a{END}b"])):
+        with part(name):
+            for text in texts:
+                got = call(tok.encode_ordinary, text, name="Tokenizer.encode_ordinary",
+                           hint=_because(**USES_MERGING))
+                want = enc.encode_ordinary(text)
+                if got != want:
+                    hint = _first_wrong_piece(text, got) if isinstance(got, list) else "return a list of int ids"
+                    if END in text and isinstance(got, list) and 50256 in got:
+                        hint = (f"encode_ordinary treats {END!r} as plain text; only encode(..., allowed_special=...) "
+                                "makes it id 50256")
+                    fail(f"Tokenizer.encode_ordinary({show(text)}) returned {show(got)}, expected {show(want)}",
+                         _because(hint, **USES_MERGING))
+    with part(TABLES_APART):
+        _check_tables_apart(tok, _small_tokenizer(Tokenizer))
 
 
 def _check_tables_apart(tok, small):
@@ -304,9 +332,12 @@ def _check_tables_apart(tok, small):
 
 USES_ENCODE_ORDINARY = {**USES_MERGING, "encode_ordinary": "test_encode_ordinary"}
 FIM = "<|fim|>"
+SPECIAL_PARTS = {"allowed special tokens become their ids": 3, "nothing allowed: encode_ordinary's ids": 1,
+                 "errors for special tokens not allowed": 2, "a tokenizer with two special tokens": 1,
+                 "special tokens are each tokenizer's own": 1, "the ranks given are left as they are": 1}
 
 
-@cell("test_special_tokens")
+@cell("test_special_tokens", parts=SPECIAL_PARTS)
 def check_special_tokens(Tokenizer):
     enc = _encoding()
     ranks = make("common.gpt2_ranks")
@@ -317,65 +348,76 @@ def check_special_tokens(Tokenizer):
     texts = [END, f"{END}{END}", f"a {END} b", f"Chapter one.{END}Chapter two.", f"{END}\n\nNew text",
              "no special here", "<|endoftext", "<|endoftext|", f"x<{END}>y", "", f"!{END}", f"{END}!",
              f"a  {END}  b", f"{END}\n{END}"]
-    for text in texts:
-        for allowed in ("all", {END}, frozenset({END})):
-            _expect_encoding(tok, text, allowed, enc.encode(text, allowed_special=allowed),
-                             f"with allowed_special={allowed!r}, the text {END!r} must become the single id 50256")
+    with part("allowed special tokens become their ids"):
+        for text in texts:
+            for allowed in ("all", {END}, frozenset({END})):
+                _expect_encoding(tok, text, allowed, enc.encode(text, allowed_special=allowed),
+                                 f"with allowed_special={allowed!r}, the text {END!r} must become the single id 50256")
     # Nothing allowed (the default, or an empty set): the same ids as encode_ordinary, on text with no special token.
-    for text in ["", "x", "Hello world", "no special here", "a  b\n", "<|endoftext", LONG_TEXTS[1]]:
-        for allowed in (None, set(), frozenset()):
-            got = call(tok.encode, text, name="Tokenizer.encode", hint=_because(
-                "with no special token allowed (the default, or an empty set), encode gives encode_ordinary's ids",
-                **USES_ENCODE_ORDINARY), **({} if allowed is None else {"allowed_special": allowed}))
-            want = enc.encode_ordinary(text)
-            if got != want:
-                args = show(text) + ("" if allowed is None else f", allowed_special={allowed!r}")
-                fail(f"Tokenizer.encode({args}) returned {show(got)}, expected {show(want)}", _because(
+    with part("nothing allowed: encode_ordinary's ids"):
+        for text in ["", "x", "Hello world", "no special here", "a  b\n", "<|endoftext", LONG_TEXTS[1]]:
+            for allowed in (None, set(), frozenset()):
+                got = call(tok.encode, text, name="Tokenizer.encode", hint=_because(
                     "with no special token allowed (the default, or an empty set), encode gives encode_ordinary's ids",
-                    **USES_ENCODE_ORDINARY))
-    for text in [END, f"hello {END} world", f"trailing{END}"]:
-        _expect_value_error(tok.encode, text, END, "Tokenizer.encode",
-                            "a special token in the text that is not in allowed_special must raise ValueError "
-                            "naming it (tiktoken does the same), never be encoded silently")
+                    **USES_ENCODE_ORDINARY), **({} if allowed is None else {"allowed_special": allowed}))
+                want = enc.encode_ordinary(text)
+                if got != want:
+                    args = show(text) + ("" if allowed is None else f", allowed_special={allowed!r}")
+                    fail(f"Tokenizer.encode({args}) returned {show(got)}, expected {show(want)}", _because(
+                        "with no special token allowed (the default, or an empty set), encode gives "
+                        "encode_ordinary's ids", **USES_ENCODE_ORDINARY))
+    with part("errors for special tokens not allowed"):
+        for text in [END, f"hello {END} world", f"trailing{END}"]:
+            _expect_value_error(tok.encode, text, END, "Tokenizer.encode",
+                                "a special token in the text that is not in allowed_special must raise ValueError "
+                                "naming it (tiktoken does the same), never be encoded silently")
     # A tokenizer with a second special token: allowing one must not allow the other, and "all" allows both.
     enc2 = tiktoken.Encoding(name="gpt2-fim", pat_str=enc._pat_str, mergeable_ranks=_ranks(), special_tokens=extra)
-    got = call(tok2.encode, f"a{FIM}b", allowed_special={FIM}, name="Tokenizer.encode")
-    want = enc2.encode(f"a{FIM}b", allowed_special={FIM})
-    if got != want:
-        fail(f"with special tokens {extra}, encode('a{FIM}b', allowed_special={{'{FIM}'}}) returned "
-             f"{show(got)}, expected {want}", _because("use the tokenizer's own special_tokens, not a fixed list",
-                                                       **USES_ENCODE_ORDINARY))
-    _expect_value_error(lambda t: tok2.encode(t, allowed_special={FIM}), f"a{FIM}b{END}", END,
-                        "Tokenizer.encode", f"only the allowed special tokens may appear; {END!r} was not allowed")
-    _expect_value_error(lambda t: tok2.encode(t, allowed_special={END}), f"a{FIM}b", FIM, "Tokenizer.encode",
-                        f"this tokenizer's special tokens are {list(extra)}: {FIM!r} was not allowed; check every "
-                        "one of the tokenizer's own special tokens, not a fixed list")
-    for text in [f"x{END}y{FIM}z", f"{FIM}{END}{FIM}", f"{FIM} a {END}"]:
-        _expect_encoding(tok2, text, "all", enc2.encode(text, allowed_special="all"),
-                         "several special tokens are allowed here: the text must be split at every allowed special "
-                         "token, each one becoming its own id", special_tokens=extra)
-    # No special tokens: <|endoftext|> is plain text, allowed or not; and tok2's <|fim|> is not tok's.
-    for text, allowed in [(f"a{END}b", None), (f"a{END}b", "all"), (FIM, "all")]:
-        kwargs = {} if allowed is None else {"allowed_special": allowed}
-        label = "Tokenizer(<GPT-2's ranks>).encode"
-        want = enc.encode_ordinary(text)
-        why = (f"a tokenizer made without special tokens has none: {text!r} is plain text to it. Use the "
-               "tokenizer's own special_tokens (a dict of its own, made in __init__), never a fixed list or one "
-               "shared with other tokenizers")
-        got = call(bare.encode, text, name=label, hint=why, **kwargs)
+    with part("a tokenizer with two special tokens"):
+        got = call(tok2.encode, f"a{FIM}b", allowed_special={FIM}, name="Tokenizer.encode")
+        want = enc2.encode(f"a{FIM}b", allowed_special={FIM})
         if got != want:
-            fail(f"{label}({show(text)}{'' if allowed is None else ', allowed_special=' + repr(allowed)}) returned "
-                 f"{show(got)}, expected {show(want)}", _because(why, **USES_ENCODE_ORDINARY))
-    _expect_encoding(tok, FIM, "all", enc.encode(FIM, allowed_special="all"),
-                     f"{FIM!r} is a special token of another tokenizer (made with {extra}), not of this one: keep "
-                     "special tokens on self, in a dict of its own, not in a class attribute or a default argument",
-                     always=True)
-    # The table given is the caller's: other tokenizers may share it.
-    got = ask("tokens.fingerprint", ranks)
-    if got != _ranks_fingerprint():
-        fail(f"Tokenizer(ranks, special_tokens) changed the ranks it was given (now {got[0]:,} entries, expected "
-             f"{len(_ranks()):,})", "other tokenizers may share the same ranks: leave the table as it is, and put the "
-                                    "special tokens in a dict of your own (self.vocab maps every id to its bytes)")
+            fail(f"with special tokens {extra}, encode('a{FIM}b', allowed_special={{'{FIM}'}}) returned "
+                 f"{show(got)}, expected {want}", _because("use the tokenizer's own special_tokens, not a fixed list",
+                                                           **USES_ENCODE_ORDINARY))
+        _expect_value_error(lambda t: tok2.encode(t, allowed_special={FIM}), f"a{FIM}b{END}", END,
+                            "Tokenizer.encode", f"only the allowed special tokens may appear; {END!r} was not allowed")
+        _expect_value_error(lambda t: tok2.encode(t, allowed_special={END}), f"a{FIM}b", FIM, "Tokenizer.encode",
+                            f"this tokenizer's special tokens are {list(extra)}: {FIM!r} was not allowed; check every "
+                            "one of the tokenizer's own special tokens, not a fixed list")
+        for text in [f"x{END}y{FIM}z", f"{FIM}{END}{FIM}", f"{FIM} a {END}"]:
+            _expect_encoding(tok2, text, "all", enc2.encode(text, allowed_special="all"),
+                             "several special tokens are allowed here: the text must be split at every allowed "
+                             "special token, each one becoming its own id", special_tokens=extra)
+    # No special tokens: <|endoftext|> is plain text, allowed or not; and tok2's <|fim|> is not tok's.
+    with part("special tokens are each tokenizer's own"):
+        for text, allowed in [(f"a{END}b", None), (f"a{END}b", "all"), (FIM, "all")]:
+            kwargs = {} if allowed is None else {"allowed_special": allowed}
+            label = "Tokenizer(<GPT-2's ranks>).encode"
+            want = enc.encode_ordinary(text)
+            why = (f"a tokenizer made without special tokens has none: {text!r} is plain text to it. Use the "
+                   "tokenizer's own special_tokens (a dict of its own, made in __init__), never a fixed list or one "
+                   "shared with other tokenizers")
+            got = call(bare.encode, text, name=label, hint=why, **kwargs)
+            if got != want:
+                fail(f"{label}({show(text)}{'' if allowed is None else ', allowed_special=' + repr(allowed)}) "
+                     f"returned {show(got)}, expected {show(want)}", _because(why, **USES_ENCODE_ORDINARY))
+        _expect_encoding(tok, FIM, "all", enc.encode(FIM, allowed_special="all"),
+                         f"{FIM!r} is a special token of another tokenizer (made with {extra}), not of this one: keep "
+                         "special tokens on self, in a dict of its own, not in a class attribute or a default "
+                         "argument", always=True)
+    # The table given is the caller's: other tokenizers may share it. Checked after each tokenizer that shares it
+    # encoded a text (whatever ids it gave), so that a tokenizer that cannot encode yet earns nothing here.
+    with part("the ranks given are left as they are"):
+        for t, special in ((tok, {END: 50256}), (tok2, extra)):
+            call(t.encode, f"{''.join(special)} after", allowed_special="all", name="Tokenizer.encode",
+                 hint=_because(**USES_ENCODE_ORDINARY))
+        got = ask("tokens.fingerprint", ranks)
+        if got != _ranks_fingerprint():
+            fail(f"Tokenizer(ranks, special_tokens) changed the ranks it was given (now {got[0]:,} entries, expected "
+                 f"{len(_ranks()):,})", "other tokenizers may share the same ranks: leave the table as it is, and put "
+                                        "the special tokens in a dict of your own (self.vocab maps every id to its "
+                                        "bytes)")
 
 
 @functools.cache
@@ -415,52 +457,62 @@ def _expect_value_error(fn, text, token, name, hint):
         fail(f"{name}({show(text)}) returned {show(got)}; expected ValueError", hint)
 
 
-@cell("test_decode")
+DECODE_PARTS = {"ids of every kind": 3, "no ids": 1, "ids as a tuple": 1, "errors for ids outside the vocabulary": 1,
+                "a tokenizer of another table": 1}
+
+
+@cell("test_decode", parts=DECODE_PARTS)
 def check_decode(Tokenizer):
     enc = _encoding()
     tok = _tokenizer(Tokenizer)
-    for method, fn, want in (("decode_bytes", tok.decode_bytes, b""), ("decode", tok.decode, "")):
-        hint = f"no ids, no text: {method}([]) is {want!r}"
-        got = call(fn, [], name=f"Tokenizer.{method}", hint=hint)
-        if got != want:
-            fail(f"Tokenizer.{method}([]) returned {show(got)}, expected {want!r}", hint)
+    with part("no ids"):
+        for method, fn, want in (("decode_bytes", tok.decode_bytes, b""), ("decode", tok.decode, "")):
+            hint = f"no ids, no text: {method}([]) is {want!r}"
+            got = call(fn, [], name=f"Tokenizer.{method}", hint=hint)
+            if got != want:
+                fail(f"Tokenizer.{method}([]) returned {show(got)}, expected {want!r}", hint)
     cases = [enc.encode(t) for t in SHORT_TEXTS + HIDDEN_TEXTS] + [enc.encode(END, allowed_special="all")]
     emoji = enc.encode("🎉👨‍👩‍👧語")
     cases += [emoji[:k] for k in range(1, len(emoji))] + [emoji[1:], emoji[2:3], [31204, 31204, 226]]
-    for ids in cases:
-        got_bytes = call(tok.decode_bytes, ids, name="Tokenizer.decode_bytes")
-        if got_bytes != enc.decode_bytes(ids):
-            fail(f"Tokenizer.decode_bytes({show(ids)}) returned {show(got_bytes)}, expected {show(enc.decode_bytes(ids))}",
-                 "join the bytes of every token, special tokens included")
-        got = call(tok.decode, ids, name="Tokenizer.decode")
-        want = enc.decode(ids)
-        if got != want:
-            raw = enc.decode_bytes(ids)
-            hint = ""
-            if got == raw.decode("utf-8", errors="ignore"):
-                hint = 'you dropped the invalid bytes; like tiktoken, show each as "\\ufffd" (errors="replace")'
-            elif got == "".join(enc.decode_bytes([i]).decode("utf-8", errors="replace") for i in ids):
-                hint = "you decoded token by token; a character can span several tokens: join all the bytes, then decode once"
-            fail(f"Tokenizer.decode({show(ids)}) returned {show(got)}, expected {show(want)}", hint)
-    # ids as a tuple: any sequence of ints
-    for ids in ([15496, 995], emoji, enc.encode("naïve café 🤖", allowed_special="all") + [50256]):
-        for name, fn, want in (("Tokenizer.decode_bytes", tok.decode_bytes, enc.decode_bytes(ids)),
-                               ("Tokenizer.decode", tok.decode, enc.decode(ids))):
-            hint = "ids may come as a tuple as well as a list (any sequence of ints): iterate over them"
-            got = call(fn, tuple(ids), name=name, hint=hint)
+    with part("ids of every kind"):
+        for ids in cases:
+            got_bytes = call(tok.decode_bytes, ids, name="Tokenizer.decode_bytes")
+            if got_bytes != enc.decode_bytes(ids):
+                fail(f"Tokenizer.decode_bytes({show(ids)}) returned {show(got_bytes)}, expected "
+                     f"{show(enc.decode_bytes(ids))}", "join the bytes of every token, special tokens included")
+            got = call(tok.decode, ids, name="Tokenizer.decode")
+            want = enc.decode(ids)
             if got != want:
-                fail(f"{name}({show(tuple(ids))}) returned {show(got)}, expected {show(want)}", hint)
-    for bad in ([50257], [0, 99999], [-1]):
-        _expect_bad_ids(tok, bad, "Tokenizer")
+                raw = enc.decode_bytes(ids)
+                hint = ""
+                if got == raw.decode("utf-8", errors="ignore"):
+                    hint = 'you dropped the invalid bytes; like tiktoken, show each as "\\ufffd" (errors="replace")'
+                elif got == "".join(enc.decode_bytes([i]).decode("utf-8", errors="replace") for i in ids):
+                    hint = ("you decoded token by token; a character can span several tokens: join all the bytes, "
+                            "then decode once")
+                fail(f"Tokenizer.decode({show(ids)}) returned {show(got)}, expected {show(want)}", hint)
+    # ids as a tuple: any sequence of ints
+    with part("ids as a tuple"):
+        for ids in ([15496, 995], emoji, enc.encode("naïve café 🤖", allowed_special="all") + [50256]):
+            for name, fn, want in (("Tokenizer.decode_bytes", tok.decode_bytes, enc.decode_bytes(ids)),
+                                   ("Tokenizer.decode", tok.decode, enc.decode(ids))):
+                hint = "ids may come as a tuple as well as a list (any sequence of ints): iterate over them"
+                got = call(fn, tuple(ids), name=name, hint=hint)
+                if got != want:
+                    fail(f"{name}({show(tuple(ids))}) returned {show(got)}, expected {show(want)}", hint)
+    with part("errors for ids outside the vocabulary"):
+        for bad in ([50257], [0, 99999], [-1]):
+            _expect_bad_ids(tok, bad, "Tokenizer")
     # Another table, another vocabulary: its ids and special token are its own.
-    small, small_enc = _small_tokenizer(Tokenizer), _small_encoding()
-    label = "Tokenizer(<a small table>, ...).decode"
-    for ids in (small_enc.encode(f"Zyzzyva and the quokka{END}", allowed_special="all"), [SMALL_END]):
-        got = call(small.decode, ids, name=label)
-        if got != small_enc.decode(ids):
-            fail(f"{label}({show(ids)}) returned {show(got)}, expected {show(small_enc.decode(ids))}",
-                 "decode with this tokenizer's own vocabulary (made in __init__ from its ranks and special tokens)")
-    _expect_bad_ids(small, [50256], "Tokenizer(<a small table>, ...)")
+    with part("a tokenizer of another table"):
+        small, small_enc = _small_tokenizer(Tokenizer), _small_encoding()
+        label = "Tokenizer(<a small table>, ...).decode"
+        for ids in (small_enc.encode(f"Zyzzyva and the quokka{END}", allowed_special="all"), [SMALL_END]):
+            got = call(small.decode, ids, name=label)
+            if got != small_enc.decode(ids):
+                fail(f"{label}({show(ids)}) returned {show(got)}, expected {show(small_enc.decode(ids))}",
+                     "decode with this tokenizer's own vocabulary (made in __init__ from its ranks and special tokens)")
+        _expect_bad_ids(small, [50256], "Tokenizer(<a small table>, ...)")
 
 
 def _expect_bad_ids(tok, bad, who):
@@ -507,26 +559,42 @@ def random_texts(n: int, seed: int = 0) -> list[str]:
     return texts
 
 
-@cell("test_matches_tiktoken")
+MATCHES, ROUND_TRIP = "the same ids as tiktoken on random text", "decode(encode(text)) gives the text back"
+
+
+@cell("test_matches_tiktoken", parts={MATCHES: 3, ROUND_TRIP: 1})
 def check_matches_tiktoken(Tokenizer, examples: int = 300):
-    """On random text, encode equals tiktoken's and decode(encode(text)) == text; the shortest failing text is
-    the one reported."""
+    """On random text, encode equals tiktoken's, and decode(encode(text)) == text with the learner's own ids; in
+    each part the shortest failing text is the one reported."""
     enc = _encoding()
     tok = _tokenizer(Tokenizer)
-    failures = []
-    for text in random_texts(examples):
-        got = call(tok.encode_ordinary, text, name="Tokenizer.encode_ordinary",
-                   hint=_because(**USES_ENCODE_ORDINARY))
-        want = enc.encode_ordinary(text)
-        if got != want:
-            hint = _first_wrong_piece(text, got) if isinstance(got, list) else ""
-            failures.append((len(text), text, f"Tokenizer.encode_ordinary({show(text)}) returned {show(got)}; "
-                             f"tiktoken gives {show(want)}", _because(hint, **USES_ENCODE_ORDINARY)))
-            continue
-        back = call(tok.decode, got, name="Tokenizer.decode", hint=_because(decode="test_decode"))
-        if back != text:
-            failures.append((len(text), text, f"Tokenizer.decode(encode({show(text)})) gave {show(back)}: decoding "
-                             "must give the text back", _because(decode="test_decode")))
+    texts = random_texts(examples)
+    encoded = {}  # text -> the learner's ids, for the round trip
+    with part(MATCHES):
+        failures = []
+        for text in texts:
+            got = encoded[text] = call(tok.encode_ordinary, text, name="Tokenizer.encode_ordinary",
+                                       hint=_because(**USES_ENCODE_ORDINARY))
+            want = enc.encode_ordinary(text)
+            if got != want:
+                hint = _first_wrong_piece(text, got) if isinstance(got, list) else ""
+                failures.append((len(text), text, f"Tokenizer.encode_ordinary({show(text)}) returned {show(got)}; "
+                                 f"tiktoken gives {show(want)}", _because(hint, **USES_ENCODE_ORDINARY)))
+        _shortest(failures)
+    with part(ROUND_TRIP):
+        failures = []
+        for text in texts:
+            ids = encoded[text] if text in encoded else call(
+                tok.encode_ordinary, text, name="Tokenizer.encode_ordinary", hint=_because(**USES_ENCODE_ORDINARY))
+            back = call(tok.decode, ids, name="Tokenizer.decode", hint=_because(decode="test_decode"))
+            if back != text:
+                failures.append((len(text), text, f"Tokenizer.decode(encode({show(text)})) gave {show(back)}: "
+                                 "decoding must give the text back", _because(decode="test_decode")))
+        _shortest(failures)
+
+
+def _shortest(failures: list[tuple]) -> None:
+    """Fail with the failure (length, text, message, hint) of the shortest text, if any."""
     if failures:
         _, _, message, hint = min(failures, key=lambda f: (f[0], f[1]))
         fail(message, hint)

@@ -32,6 +32,11 @@ Hugging Face constructors, which draw from torch's global generator). The helper
 learner's code (a call that reports whether it changed its input, a forward and backward pass that sends back
 the gradients, a checkpoint folder for ``GPT.from_pretrained``, the files of ``GPT.save_pretrained``) are in
 ``autograder.helpers.transformer``.
+
+Each cell's checks are weighted parts (``judge.part``), each entered once with its cases in a loop inside it: the
+values against the oracle weigh most; edge inputs, inputs far from 0, gelu at large |x|, other id dtypes, the window,
+weight tying, inputs left unchanged and the float64 training step each cost their own share. Numbers compare with
+``coursekit.testing.close``: nan or inf where the oracle's value is finite is wrong.
 """
 from __future__ import annotations
 
@@ -47,8 +52,8 @@ import torch
 import torch.nn.functional as F
 
 from autograder.helpers.transformer import CHECKPOINT_FILES
-from autograder.judge import ask, because_of, cell, learner_side, seeded, type_of
-from coursekit.testing import call, describe_call, describe_error, fail, not_written, quiet_transformers, show
+from autograder.judge import ask, because_of, cell, learner_side, part, seeded, type_of
+from coursekit.testing import call, close, describe_call, describe_error, fail, not_written, quiet_transformers, show
 
 # float32 throughout; logits to 1e-4 as the notebook's visible test asks.
 ATOL = 1e-5
@@ -66,8 +71,9 @@ def _shape(x) -> str:
 
 
 def _output(got, want: torch.Tensor, label: str, atol: float = ATOL) -> float | None:
-    """None when ``got`` is ``want`` to within ``atol``; inf when its shape differs; nan when it holds nan or inf
-    where ``want`` is finite; else the largest difference. Fails at once when ``got`` is not a tensor."""
+    """None when ``got`` (rounded to ``want``'s dtype) is ``want`` (finite: an oracle's) to within ``atol`` plus 1e-5
+    of its largest value; inf when its shape differs; nan when it holds nan or inf; else the largest difference.
+    Fails at once when ``got`` is not a tensor."""
     if not isinstance(got, torch.Tensor):
         fail(f"{label} returned {type_of(got)}, expected a tensor of shape {_shape(want)}",
              "return the tensor itself, not a tuple (no loss, no extra outputs)" if isinstance(got, (tuple, list))
@@ -77,10 +83,9 @@ def _output(got, want: torch.Tensor, label: str, atol: float = ATOL) -> float | 
     if not got.numel():
         return None
     got = got.detach().to(want.dtype)
-    if (~torch.isfinite(got) & torch.isfinite(want)).any():
-        return float("nan")
-    diff = (got - want).abs().max().item()
-    return None if diff <= atol + 1e-5 * want.abs().max().item() else diff
+    if close(got, want, atol=atol + 1e-5 * want.abs().max().item(), rtol=0):
+        return None
+    return float("nan") if not torch.isfinite(got).all() else (got - want).abs().max().item()
 
 
 def _by(diff: float) -> str:
@@ -95,7 +100,7 @@ def _matching(got: torch.Tensor, candidates, atol: float = ATOL) -> str:
             value = compute()
         except Exception:  # noqa: BLE001 (a mistake that cannot even run on this input explains nothing)
             continue
-        if value.shape == got.shape and (got.detach().float() - value).abs().max().item() <= atol:
+        if close(got.detach().float(), value, atol=atol, rtol=0):
             return why
     return ""
 
@@ -112,8 +117,16 @@ def _run(fn, x: torch.Tensor, name: str, transpose: tuple[int, int] | None = Non
     return answer
 
 
-def _unchanged(changed: bool, label: str, because: str = "") -> None:
-    if changed:
+UNCHANGED, TRAINING = "inputs left unchanged", "a training step in float64"
+
+
+def _unchanged(returned: list[tuple[str, bool]], because: str = "") -> None:
+    """Each call that returned (``returned``: its label, whether it changed its input in place) left its input as it
+    was. With no call that returned, nothing could be checked: that fails too."""
+    if not returned:
+        fail("not checked: no call returned a result", because)
+    label = next((label for label, changed in returned if changed), None)
+    if label is not None:
         fail(f"{label} changed its input in place",
              _also("compute new tensors (x = x + ..., not x += ...; x - mean, not x.sub_(mean)): the caller's tensor "
                    "must stay as it was, and training needs it unchanged to compute gradients", because))
@@ -121,7 +134,7 @@ def _unchanged(changed: bool, label: str, because: str = "") -> None:
 
 def _also(hint: str, because: str) -> str:
     """A hint, and the note of ``judge.because_of`` (which earlier cell's function this one uses fails)."""
-    return "; ".join(part for part in (hint, because) if part)
+    return "; ".join(text for text in (hint, because) if text)
 
 
 # ---------------------------------------------------------------- float64, and a training step
@@ -142,12 +155,13 @@ def _oracle_gradients(out: torch.Tensor, weight: torch.Tensor, x: torch.Tensor |
 
 
 def _far(got, want: torch.Tensor) -> float | None:
-    """None when the tensor ``got`` is ``want`` to ``GRAD_RTOL`` of its largest value; else how far it is."""
+    """None when the tensor ``got`` is ``want`` (finite: an oracle's gradient) to ``GRAD_RTOL`` of its largest value;
+    nan when it holds nan or inf; else how far it is."""
+    scale = want.abs().max().item() if want.numel() else 0.0
+    if close(got, want, atol=GRAD_RTOL * (1.0 + scale), rtol=0):
+        return None
     got = got.detach().double()
-    if not torch.isfinite(got).all():
-        return float("nan")
-    diff = (got - want).abs().max().item() if want.numel() else 0.0
-    return None if diff <= GRAD_RTOL * (1.0 + want.abs().max().item()) else diff
+    return float("nan") if not torch.isfinite(got).all() else (got - want).abs().max().item()
 
 
 def _check_training_step(fn, x: torch.Tensor, want: torch.Tensor, what: str, label: str, *,
@@ -173,7 +187,7 @@ def _check_training_step(fn, x: torch.Tensor, want: torch.Tensor, what: str, lab
     if diff is not None:
         fail(f"{label} differs from {what} {_by(diff)}", _also(hint, because))
     if answer.get("requires_grad") is not True:
-        needing = " and ".join(part for part, asked in (("its parameters", want_grads),
+        needing = " and ".join(what for what, asked in (("its parameters", want_grads),
                                                         ("its input", want_dx is not None)) if asked)
         fail(f"{label}: its output carries no gradient (out.requires_grad is False, although {needing} "
              f"require{'s' if needing == 'its input' else ''} grad), so no loss on it can train the model",
@@ -220,6 +234,7 @@ FAR_FROM_ZERO = ("your LayerNorm is right for inputs near 0 but not for these, w
                  "x.var(-1, unbiased=False)")
 LN_EDGE_CASES = [  # (C, eps, input shape, scale, offset, atol, note when only this case fails)
     (9, 1e-5, (9,), 3.0, 1.0, ATOL, ""),                    # one position alone: a 1-D input
+    (8, 1e-5, (2, 3, 8), 0.0, 2.0, ATOL, ""),               # every channel equal (variance 0): eps keeps 0 / 0 away
     (64, 1e-5, (3, 7, 64), 1.0, 300.0, 1e-3, FAR_FROM_ZERO),  # correct ways agree to 1e-4; mean(x^2) - mean^2: 5e-2
 ]
 LN_FLOAT64 = (12, 1e-3, (2, 3, 12))  # C, eps, input shape: float64 weights and input, then a training step
@@ -278,44 +293,66 @@ def _load_parameters(module, state_dict: dict[str, torch.Tensor], name: str, hin
         fail(f"{name} has no parameter named {', '.join(map(str, unexpected))}", hint)
 
 
-@cell("test_layer_norm")
+LN_VALUES, ONE_D_TRANSPOSED, FAR = ("values over the last dim, 2-D to 4-D inputs",
+                                    "a 1-D, a transposed and a constant input", "inputs far from 0")
+LN_PARTS = {LN_VALUES: 3, ONE_D_TRANSPOSED: 1, FAR: 1, UNCHANGED: 1, TRAINING: 1}
+
+
+@cell("test_layer_norm", parts=LN_PARTS)
 def check_layer_norm(LayerNorm):
-    cases = [(400 + k, *case, ATOL, "") for k, case in enumerate(LN_CASES)] + \
-        [(470 + k, *case) for k, case in enumerate(LN_EDGE_CASES)]
-    for seed, C, eps, shape, scale, offset, atol, note in cases:
-        g = _generator(seed)
-        weight = torch.empty(C).uniform_(0.5, 1.5, generator=g)
-        bias = torch.empty(C).uniform_(-1.0, 1.0, generator=g)
-        transpose = None
-        if seed == 400 + len(LN_CASES) - 1:  # non-contiguous: the transpose of this, taken on the learner's side
-            sent = torch.randn(*reversed(shape), generator=g) * scale + offset
-            transpose = (0, -1)
-            x = sent.transpose(*transpose)
-        else:
-            sent = x = torch.randn(*shape, generator=g) * scale + offset
-        name = f"LayerNorm({C}, eps={eps})"
-        ln = call(LayerNorm, C, eps, name="LayerNorm")
-        _load_parameters(ln, {"weight": weight, "bias": bias}, name,
-                         "keep the learned scale and shift as given, self.weight and self.bias, of shape (C,)")
-        label = f"LayerNorm({C}, eps={eps}) on an input of shape {tuple(shape)}"
-        try:
-            got, changed = _run(ln, sent, name, transpose)
-        except AssertionError as err:
-            if "RuntimeError" in str(err) and "size" in str(err):
-                fail(str(err), "the mean and variance over the last dim need keepdim=True to broadcast "
-                               "against x, whatever the number of dims")
-            raise
-        _unchanged(changed, label)
-        want = F.layer_norm(x.double(), (C,), weight.double(), bias.double(), eps).float()
-        diff = _output(got, want, label, atol=atol)
-        if diff is None:
-            continue
-        if diff == float("inf"):
-            fail(f"{label} returned shape {_shape(got)}, expected {tuple(shape)}",
-                 "LayerNorm keeps the shape of its input: keepdim=True on the mean and variance")
-        fail(f"{label} differs from F.layer_norm {_by(diff)}",
-             _matching(got, _ln_mistakes(x, weight, bias, eps)) or note)
-    _check_layer_norm_training(LayerNorm)
+    # (seed, C, eps, shape, scale, offset, atol, note, part): LN_CASES' last is the transposed input; of the edge
+    # cases, the one with a note is far from 0.
+    cases = [(400 + k, *case, ATOL, "", ONE_D_TRANSPOSED if k == len(LN_CASES) - 1 else LN_VALUES)
+             for k, case in enumerate(LN_CASES)]
+    cases += [(470 + k, *case, FAR if case[-1] else ONE_D_TRANSPOSED) for k, case in enumerate(LN_EDGE_CASES)]
+    returned = []  # (label, whether it changed its input) of each call that returned
+    for name in (LN_VALUES, ONE_D_TRANSPOSED, FAR):
+        with part(name):
+            for seed, C, eps, shape, scale, offset, atol, note, case_part in cases:
+                if case_part == name:
+                    _check_layer_norm_case(LayerNorm, seed, C, eps, shape, scale, offset, atol, note,
+                                           transposed=seed == 400 + len(LN_CASES) - 1, returned=returned)
+    with part(UNCHANGED):
+        _unchanged(returned)
+    with part(TRAINING):
+        _check_layer_norm_training(LayerNorm)
+
+
+def _check_layer_norm_case(LayerNorm, seed, C, eps, shape, scale, offset, atol, note, transposed, returned):
+    """The learner's LayerNorm(C, eps) with seeded weights on a seeded input (``transposed``: sent as its transpose
+    and transposed back on the learner's side, a view that is not contiguous)."""
+    g = _generator(seed)
+    weight = torch.empty(C).uniform_(0.5, 1.5, generator=g)
+    bias = torch.empty(C).uniform_(-1.0, 1.0, generator=g)
+    transpose = None
+    if transposed:
+        sent = torch.randn(*reversed(shape), generator=g) * scale + offset
+        transpose = (0, -1)
+        x = sent.transpose(*transpose)
+    else:
+        sent = x = torch.randn(*shape, generator=g) * scale + offset
+    name = f"LayerNorm({C}, eps={eps})"
+    ln = call(LayerNorm, C, eps, name="LayerNorm")
+    _load_parameters(ln, {"weight": weight, "bias": bias}, name,
+                     "keep the learned scale and shift as given, self.weight and self.bias, of shape (C,)")
+    label = f"LayerNorm({C}, eps={eps}) on an input of shape {tuple(shape)}"
+    try:
+        got, changed = _run(ln, sent, name, transpose)
+    except AssertionError as err:
+        if "RuntimeError" in str(err) and "size" in str(err):
+            fail(str(err), "the mean and variance over the last dim need keepdim=True to broadcast "
+                           "against x, whatever the number of dims")
+        raise
+    returned.append((label, changed))
+    want = F.layer_norm(x.double(), (C,), weight.double(), bias.double(), eps).float()
+    diff = _output(got, want, label, atol=atol)
+    if diff is None:
+        return
+    if diff == float("inf"):
+        fail(f"{label} returned shape {_shape(got)}, expected {tuple(shape)}",
+             "LayerNorm keeps the shape of its input: keepdim=True on the mean and variance")
+    fail(f"{label} differs from F.layer_norm {_by(diff)}",
+         _matching(got, _ln_mistakes(x, weight, bias, eps)) or note)
 
 
 def _check_layer_norm_training(LayerNorm) -> None:
@@ -365,31 +402,47 @@ GELU_OVERFLOW = ("for large |x|, exp overflows to inf and inf / inf is nan: use 
                  "and 1, or a form in which exp only meets numbers <= 0")
 
 
-def check_gelu(gelu):
+GELU_VALUES, GELU_AT_LARGE, GELU_TRAINING = ("gelu's values", "gelu at large |x|",
+                                             "gelu: a training step in float64")
+MLP_VALUES, MLP_TRAINING = "the MLP's values", "the MLP: a training step in float64"
+
+
+def check_gelu(gelu, returned: list) -> None:
+    """gelu's parts; the calls that returned go to ``returned`` (label, whether it changed its input)."""
     g = _generator(410)
-    inputs = [(torch.linspace(-8.0, 8.0, 1601), None), (torch.randn(3, 4, 5, generator=g) * 3, None),
-              (torch.tensor([0.0, -1e-3, 1e-3]), None), (torch.tensor(GELU_LARGE), None), (torch.empty(0), None),
-              (torch.randn(7, 3, generator=g), (0, 1))]  # the last: x.t()
-    for sent, transpose in inputs:
-        x = sent if transpose is None else sent.transpose(*transpose)
-        label = f"gelu on an input of shape {tuple(x.shape)}"
-        got, changed = _run(gelu, sent, "gelu", transpose)
-        _unchanged(changed, label)
-        want = F.gelu(x.double(), approximate="tanh").float()
-        diff = _output(got, want, label)
-        if diff is None:
-            continue
-        if diff == float("inf"):
-            fail(f"{label} returned shape {_shape(got)}, expected {tuple(x.shape)}",
-                 "gelu works element by element: the output has the input's shape")
-        if math.isnan(diff):
-            bad = (~torch.isfinite(got.detach().float()) & torch.isfinite(want)).flatten().nonzero()[0].item()
-            fail(f"{label} returned {got.flatten()[bad].item()} at x = {x.flatten()[bad].item():g}, where "
-                 f"F.gelu(x, approximate='tanh') is {want.flatten()[bad].item():g}", GELU_OVERFLOW)
-        worst = (got.detach().float() - want).abs().argmax()
-        fail(f"{label} differs from F.gelu(x, approximate='tanh') by up to {diff:.2e} "
-             f"(at x = {x.flatten()[worst].item():.3f})", _matching(got, _gelu_mistakes(x)))
-    _check_gelu_training(gelu)
+    inputs = [(torch.linspace(-8.0, 8.0, 1601), None, GELU_VALUES),
+              (torch.randn(3, 4, 5, generator=g) * 3, None, GELU_VALUES),
+              (torch.tensor([0.0, -1e-3, 1e-3]), None, GELU_VALUES), (torch.tensor(GELU_LARGE), None, GELU_AT_LARGE),
+              (torch.empty(0), None, GELU_VALUES),
+              (torch.randn(7, 3, generator=g), (0, 1), GELU_VALUES)]  # the last: x.t()
+    for name in (GELU_VALUES, GELU_AT_LARGE):
+        with part(name):
+            for sent, transpose, case_part in inputs:
+                if case_part == name:
+                    _check_gelu_case(gelu, sent, transpose, returned)
+    with part(GELU_TRAINING):
+        _check_gelu_training(gelu)
+
+
+def _check_gelu_case(gelu, sent, transpose, returned: list) -> None:
+    x = sent if transpose is None else sent.transpose(*transpose)
+    label = f"gelu on an input of shape {tuple(x.shape)}"
+    got, changed = _run(gelu, sent, "gelu", transpose)
+    returned.append((label, changed))
+    want = F.gelu(x.double(), approximate="tanh").float()
+    diff = _output(got, want, label)
+    if diff is None:
+        return
+    if diff == float("inf"):
+        fail(f"{label} returned shape {_shape(got)}, expected {tuple(x.shape)}",
+             "gelu works element by element: the output has the input's shape")
+    if math.isnan(diff):
+        bad = (~torch.isfinite(got.detach().float()) & torch.isfinite(want)).flatten().nonzero()[0].item()
+        fail(f"{label} returned {got.flatten()[bad].item()} at x = {x.flatten()[bad].item():g}, where "
+             f"F.gelu(x, approximate='tanh') is {want.flatten()[bad].item():g}", GELU_OVERFLOW)
+    worst = (got.detach().float() - want).abs().argmax()
+    fail(f"{label} differs from F.gelu(x, approximate='tanh') by up to {diff:.2e} "
+         f"(at x = {x.flatten()[worst].item():.3f})", _matching(got, _gelu_mistakes(x)))
 
 
 def _check_gelu_training(gelu) -> None:
@@ -438,28 +491,31 @@ def _mlp_weights(C: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     return {name: torch.empty(shape).normal_(0.0, 0.7, generator=g) for name, shape in shapes.items()}
 
 
-def check_mlp(MLP):
-    for k, (C, shape) in enumerate(MLP_CASES):
-        g = _generator(420 + k)
-        w = _mlp_weights(C, g)
-        x = torch.randn(*shape, generator=g) * 2
-        mlp = call(MLP, C, name="MLP")
-        _load_parameters(mlp, w, f"MLP({C})", "keep the layers as given: c_fc, nn.Linear(C, 4C), and c_proj, "
-                         "nn.Linear(4C, C)")
-        label = f"MLP({C}) on an input of shape {shape}"
-        got, changed = _run(mlp, x, f"MLP({C})")
-        _unchanged(changed, label)
-        want = F.linear(F.gelu(F.linear(x, w["c_fc.weight"], w["c_fc.bias"]), approximate="tanh"),
-                        w["c_proj.weight"], w["c_proj.bias"])
-        diff = _output(got, want, label, atol=1e-4)
-        if diff is None:
-            continue
-        if diff == float("inf"):
-            fail(f"{label} returned shape {_shape(got)}, expected {shape}",
-                 "c_fc widens C to 4C, gelu keeps the shape, c_proj brings 4C back to C")
-        fail(f"{label} differs from c_proj(gelu(c_fc(x))) {_by(diff)}",
-             _matching(got, _mlp_mistakes(w, x), atol=1e-4))
-    _check_mlp_training(MLP)
+def check_mlp(MLP, returned: list) -> None:
+    """The MLP's parts; the calls that returned go to ``returned`` (label, whether it changed its input)."""
+    with part(MLP_VALUES):
+        for k, (C, shape) in enumerate(MLP_CASES):
+            g = _generator(420 + k)
+            w = _mlp_weights(C, g)
+            x = torch.randn(*shape, generator=g) * 2
+            mlp = call(MLP, C, name="MLP")
+            _load_parameters(mlp, w, f"MLP({C})", "keep the layers as given: c_fc, nn.Linear(C, 4C), and c_proj, "
+                             "nn.Linear(4C, C)")
+            label = f"MLP({C}) on an input of shape {shape}"
+            got, changed = _run(mlp, x, f"MLP({C})")
+            returned.append((label, changed))
+            want = F.linear(F.gelu(F.linear(x, w["c_fc.weight"], w["c_fc.bias"]), approximate="tanh"),
+                            w["c_proj.weight"], w["c_proj.bias"])
+            diff = _output(got, want, label, atol=1e-4)
+            if diff is None:
+                continue
+            if diff == float("inf"):
+                fail(f"{label} returned shape {_shape(got)}, expected {shape}",
+                     "c_fc widens C to 4C, gelu keeps the shape, c_proj brings 4C back to C")
+            fail(f"{label} differs from c_proj(gelu(c_fc(x))) {_by(diff)}",
+                 _matching(got, _mlp_mistakes(w, x), atol=1e-4))
+    with part(MLP_TRAINING):
+        _check_mlp_training(MLP)
 
 
 def _check_mlp_training(MLP) -> None:
@@ -481,10 +537,14 @@ def _check_mlp_training(MLP) -> None:
                          want_grads=want_grads, weight=r)
 
 
-@cell("test_mlp")
+@cell("test_mlp", parts={GELU_VALUES: 2, GELU_AT_LARGE: 1, GELU_TRAINING: 1, MLP_VALUES: 2, MLP_TRAINING: 1,
+                         UNCHANGED: 1})
 def check_gelu_and_mlp(gelu, MLP):
-    check_gelu(gelu)
-    check_mlp(MLP)
+    returned = []  # (label, whether it changed its input) of each call of gelu or MLP that returned
+    check_gelu(gelu, returned)
+    check_mlp(MLP, returned)
+    with part(UNCHANGED):
+        _unchanged(returned)
 
 
 # ---------------------------------------------------------------- Hugging Face's GPT-2, the oracle
@@ -557,7 +617,7 @@ def _part_mistake(module, hf_module, x, name: str, what: str, atol: float) -> st
         return f"{name} raised {describe_error(err)}; {what}"
     want = hf_module(x)
     want = want[0] if isinstance(want, tuple) else want
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or (got - want).abs().max().item() > atol:
+    if not isinstance(got, torch.Tensor) or not close(got, want, atol=atol, rtol=0):
         return f"{name} on its own differs from the same part of Hugging Face's GPT-2; {what}"
     return ""
 
@@ -572,8 +632,8 @@ def _block_parts_mistake(block, hf_block, x, name: str) -> str:
         ("attn", _hf_attn(hf_block), y,
          "the block's attention is chapter 3's CausalSelfAttention (minigpt.attention): fix it there"),
     ]
-    for part, hf_module, inp, what in parts:
-        why = _part_mistake(getattr(block, part), hf_module, inp, f"{name}{part}", what, atol=1e-4)
+    for attribute, hf_module, inp, what in parts:
+        why = _part_mistake(getattr(block, attribute), hf_module, inp, f"{name}{attribute}", what, atol=1e-4)
         if why:
             return why
     return ""
@@ -632,12 +692,20 @@ def _load(module, state_dict, name: str) -> None:
 BLOCK_USES = {"LayerNorm": "test_layer_norm", "MLP": "test_mlp"}  # the learner's parts a Block is made of
 
 
-@cell("test_block")
+BLOCK_VALUES = "the same as Hugging Face's GPT2Block"
+
+
+@cell("test_block", parts={BLOCK_VALUES: 3, UNCHANGED: 1, TRAINING: 1})
 def check_block(Block, GPTConfig):
     because = because_of(**BLOCK_USES)
+    returned = []  # (label, whether it changed its input) of each call that returned
     with torch.no_grad(), learner_side(no_grad=True):
-        _check_block(Block, GPTConfig, because)
-    _check_block_training(Block, GPTConfig, BLOCK_CONFIGS[0], seed=430, because=because)
+        with part(BLOCK_VALUES):
+            _check_block(Block, GPTConfig, because, returned)
+    with part(UNCHANGED):
+        _unchanged(returned, because)
+    with part(TRAINING):
+        _check_block_training(Block, GPTConfig, BLOCK_CONFIGS[0], seed=430, because=because)
 
 
 def _new_block(Block, GPTConfig, C, n_head, block_size, eps, seed):
@@ -652,7 +720,7 @@ def _new_block(Block, GPTConfig, C, n_head, block_size, eps, seed):
     return block, name, hf_block
 
 
-def _check_block(Block, GPTConfig, because: str):
+def _check_block(Block, GPTConfig, because: str, returned: list):
     for k, (C, n_head, block_size, eps) in enumerate(BLOCK_CONFIGS):
         block, name, hf_block = _new_block(Block, GPTConfig, C, n_head, block_size, eps, seed=430 + k)
         g = _generator(435 + k)
@@ -660,7 +728,7 @@ def _check_block(Block, GPTConfig, because: str):
             x = torch.randn(B, T, C, generator=g) * 2 + 0.5
             label = f"{name} on an input of shape {(B, T, C)}"
             got, changed = _run(block, x, name, hint=because)
-            _unchanged(changed, label, because)
+            returned.append((label, changed))
             want = hf_block(x)
             want = want[0] if isinstance(want, tuple) else want
             diff = _output(got, want, label, atol=1e-4)
@@ -831,11 +899,11 @@ def _embeddings_take(idx: torch.Tensor, vocab_size: int, block_size: int) -> boo
     return True
 
 
-def _check_pretrained_logits(GPT, config_args, seed: int, because: str = ""):
-    """The learner's GPT loading Hugging Face's checkpoint gives its logits: ids of every shape and dtype, and a
-    window one too long refused. Returns the model (its stand-in)."""
+def _pretrained(GPT, config_args, seed: int) -> dict:
+    """The learner's GPT loading Hugging Face's checkpoint of ``_hf_model(config_args, seed)`` (the model: a
+    stand-in), with what the checks give it: ``inputs`` (int64 ids of several shapes), ``small`` (ids that every
+    integer dtype holds), ``window`` (one position more than block_size)."""
     vocab_size, block_size, n_layer, n_head, n_embd, eps = config_args
-    hf = _hf_model(config_args, seed)
     shape = f"n_layer={n_layer}, n_head={n_head}, n_embd={n_embd}, vocab_size={vocab_size}, block_size={block_size}"
     # The checkpoint is written into a folder on the learner's side, and loaded there.
     model = call(ask, "transformer.from_pretrained", GPT, _hf_checkpoint(config_args, seed),
@@ -844,14 +912,10 @@ def _check_pretrained_logits(GPT, config_args, seed: int, because: str = ""):
     inputs = [torch.randint(0, vocab_size, (2, block_size), generator=g),
               torch.randint(0, vocab_size, (1, 1), generator=g),
               torch.randint(0, vocab_size, (3, 5), generator=g)]
-    small = torch.randint(0, min(vocab_size, 128), (3, 5), generator=g)  # ids that every integer dtype holds
-    for idx in inputs:
-        _check_logits(model, hf, idx, shape, config_args, because)
-    _check_window(model, shape, vocab_size, block_size, g, because)
-    for dtype in ID_DTYPES:
-        if _embeddings_take(small.to(dtype), vocab_size, block_size):
-            _check_logits(model, hf, small.to(dtype), shape, config_args, because)
-    return model
+    small = torch.randint(0, min(vocab_size, 128), (3, 5), generator=g)
+    window = torch.randint(0, vocab_size, (1, block_size + 1), generator=g)
+    return {"model": model, "hf": _hf_model(config_args, seed), "shape": shape, "config_args": config_args,
+            "inputs": inputs, "small": small, "window": window}
 
 
 def _check_logits(model, hf, idx: torch.Tensor, shape: str, config_args, because: str) -> None:
@@ -872,9 +936,8 @@ def _check_logits(model, hf, idx: torch.Tensor, shape: str, config_args, because
     fail(f"{label}: the logits differ from Hugging Face's GPT2LMHeadModel with the same weights {_by(diff)}", hint)
 
 
-def _check_window(model, shape: str, vocab_size: int, block_size: int, g: torch.Generator, because: str) -> None:
-    """One position more than block_size: a ValueError that names block_size."""
-    idx = torch.randint(0, vocab_size, (1, block_size + 1), generator=g)
+def _check_window(model, shape: str, idx: torch.Tensor, vocab_size: int, block_size: int, because: str) -> None:
+    """``idx``, one position more than block_size: a ValueError that names block_size."""
     label = f"GPT ({shape}) on ids of shape {(1, block_size + 1)}, one position more than block_size"
     try:
         got = model(idx)
@@ -989,11 +1052,30 @@ def _check_weight_tying(GPT, GPTConfig, config_args, seed: int) -> None:
          "Face", "the logits must come from lm_head, which is tied to the token table emb.wte")
 
 
-@cell("test_gpt")
+GPT_LOGITS, OTHER_IDS = "the logits of Hugging Face's GPT-2 checkpoint", "int32, int16, int8 and uint8 ids"
+WINDOW_PART, TIED = "ValueError past block_size", "the LM head tied to the token table"
+GPT_PARTS = {GPT_LOGITS: 3, OTHER_IDS: 1, WINDOW_PART: 1, TIED: 1, TRAINING: 1}
+
+
+@cell("test_gpt", parts=GPT_PARTS)
 def check_gpt(GPT, GPTConfig):
     because = because_of(**GPT_USES)
     with torch.no_grad(), learner_side(no_grad=True):
-        models = [_check_pretrained_logits(GPT, config_args, seed=440 + 10 * k, because=because)
-                  for k, config_args in enumerate(GPT_CONFIGS)]
-        _check_weight_tying(GPT, GPTConfig, GPT_CONFIGS[0], seed=460)
-    _check_gpt_training(models[0], GPT_CONFIGS[0], seed=440, because=because)
+        loaded = [_pretrained(GPT, config_args, seed=440 + 10 * k) for k, config_args in enumerate(GPT_CONFIGS)]
+        with part(GPT_LOGITS):
+            for m in loaded:
+                for idx in m["inputs"]:
+                    _check_logits(m["model"], m["hf"], idx, m["shape"], m["config_args"], because)
+        with part(WINDOW_PART):
+            for m in loaded:
+                _check_window(m["model"], m["shape"], m["window"], *m["config_args"][:2], because)
+        with part(OTHER_IDS):
+            for m in loaded:
+                for dtype in ID_DTYPES:
+                    if _embeddings_take(m["small"].to(dtype), *m["config_args"][:2]):
+                        _check_logits(m["model"], m["hf"], m["small"].to(dtype), m["shape"], m["config_args"],
+                                      because)
+        with part(TIED):
+            _check_weight_tying(GPT, GPTConfig, GPT_CONFIGS[0], seed=460)
+    with part(TRAINING):
+        _check_gpt_training(loaded[0]["model"], GPT_CONFIGS[0], seed=440, because=because)

@@ -8,7 +8,9 @@ names the earlier cell that fails (the mutants marked "charged once").
 
 The classes of mistakes of issue 12 that apply here: ids of every integer dtype check_ids accepts (int8, int16,
 int32, int64, uint8), ids with no elements, a batch of one row, a window exactly full or overfull, float64
-tables, inputs changed in place, gradients that do not reach the tables, and a broken earlier function.
+tables, inputs changed in place, gradients that do not reach the tables, and a broken earlier function; and nan
+where a number belongs. Each cell's checks are weighted parts, so a mistake usually costs the share of the parts it
+breaks (embeddings-no-long: the other integer dtypes' part of test_embeddings), not the whole cell.
 """
 from __future__ import annotations
 
@@ -139,7 +141,8 @@ MUTANTS = [
         "embeddings-no-long",
         "Embeddings hands the ids to nn.Embedding as they come: int64 and int32 only",
         (Edit("embeddings", SUM, SUM.replace("self.wte(idx.long())", "self.wte(idx)")),),
-        {"test_embeddings": "convert with idx.long() first"},
+        # Right on int64 and int32 ids: the cell loses the share of its part for the other dtypes only.
+        {"test_embeddings": "[int8, int16, int32 and uint8 ids: 1 of 10]"},
     ),
     Mutant(
         "lookup-view-as-long",
@@ -220,6 +223,20 @@ MUTANTS = [
         "one_hot unsqueezes ids.long() in place: for int64 ids that is the caller's tensor",
         (Edit("one_hot", "ids.long().unsqueeze(-1)", "ids.long().unsqueeze_(-1)"),),
         {"test_one_hot": "changed the caller's ids in place (its shape (6,) became (6, 1))"},
+    ),
+    # ---- nan where a number belongs
+    Mutant(
+        "one-hot-zero-over-zero",
+        "one_hot as 1 - |d| / |d| with d = id - j: every d != 0 gives 0, but d = 0 gives 0 / 0, nan where the 1 goes",
+        (Edit("one_hot", """\
+    out = torch.zeros(*ids.shape, vocab_size)
+    out.scatter_(-1, ids.long().unsqueeze(-1), 1.0)
+    return out
+""", """\
+    d = (ids.long().unsqueeze(-1) - torch.arange(vocab_size)).float()
+    return 1 - d.abs() / d.abs()
+"""),),
+        {"test_one_hot": "0 / 0 is nan"},
     ),
     # ---- charged once: a broken earlier function, named in the later cell's message
     Mutant(

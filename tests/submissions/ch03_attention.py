@@ -10,7 +10,9 @@ checks of `attention` pass it masks built by the checks, not by the learner's `c
 shows on the layer's inputs costs the layer's points too, and a mistake of `softmax` that shows on attention's
 inputs costs attention's: those messages say which earlier function fails its own test (`judge.because_of`). The
 visible tests use only the function of their own cell, so that every loss comes from the hidden checks, which
-`hidden_check_tests` runs in process.
+`hidden_check_tests` runs in process. Each cell's checks are weighted parts: a mistake usually costs the share of
+the parts it breaks, not the whole cell. Nan where numbers belong (softmax-no-max on large scores,
+attention-additive-mask-inf on any masked scores) must lose like any wrong value.
 """
 from __future__ import annotations
 
@@ -178,6 +180,13 @@ MUTANTS = [
         "attention computes its weights with a plain exp instead of the softmax",
         (Edit("attention", SOFTMAX_CALL, "    e = scores.exp()\n    weights = e / e.sum(dim=-1, keepdim=True)\n"),),
         {"test_attention": "e^x overflows"},
+    ),
+    Mutant(
+        "attention-additive-mask-inf",
+        "the mask added as (~mask) * -inf: where keys are allowed that is 0 * -inf, nan",
+        (Edit("attention", 'scores = scores.masked_fill(~mask, float("-inf"))',
+              'scores = scores + (~mask) * float("-inf")  # 0 where allowed, -inf where hidden'),),
+        {"test_attention": "0 * -inf = nan", LAYER: USES_ATTENTION},
     ),
     Mutant(
         "attention-detached-weights",

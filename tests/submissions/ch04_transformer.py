@@ -11,7 +11,9 @@ checks use eps = 1e-3 in one Block and one GPT config, so eps outside the square
 Besides the formulas, the checks hold every part to what training needs (issue 12): float64 in, float64 out;
 gradients of a loss on the output equal to the oracle's (a forward under torch.no_grad(), a .detach() or numpy
 loses points); inputs far from 0 and gelu at large |x|; a window of exactly block_size positions, and one more
-refused with a ValueError naming block_size; ids of every integer dtype that chapter 2's Embeddings takes.
+refused with a ValueError naming block_size; ids of every integer dtype that chapter 2's Embeddings takes; a
+position whose channels are all equal (variance 0), where a LayerNorm without eps gives 0 / 0 = nan (ln-no-eps).
+Each cell's checks are weighted parts: a mistake usually costs the share of the parts it breaks, not the whole cell.
 """
 from __future__ import annotations
 
@@ -196,6 +198,12 @@ MUTANTS = [
         (Edit("layer_norm", "var = x.var(dim=-1, keepdim=True, unbiased=False)",
               "var = (x * x).mean(dim=-1, keepdim=True) - mean ** 2"),),
         {"test_layer_norm": "whose mean is 300"},
+    ),
+    Mutant(
+        "ln-no-eps",
+        "LayerNorm without eps: a position whose channels are all equal gives 0 / 0, nan",
+        (Edit("layer_norm", "torch.sqrt(var + self.eps)", "torch.sqrt(var)"),),
+        {"test_layer_norm": "you left it out", **AFTER_LAYER_NORM},
     ),
     Mutant(
         "gelu-tanh-by-exp",
