@@ -53,7 +53,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import sandbox
+from autograder import inert, sandbox
 from autograder.run import HIDDEN_BLOCK, JudgeFailed, RunOutcome, blocked_modules, judged_cells, run_one, valid_text
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -371,7 +371,7 @@ def nbgrader_steps(workdir: Path, steps: list[list[str]], verbose: bool = False)
         for args, (code, text, seconds) in zip(steps, results):
             f.write(f"$ nbgrader {' '.join(args)}  (exit {code}, {seconds:.1f} s)\n{text}\n")
             if verbose:
-                sys.stderr.write(text)
+                sys.stderr.write(inert.terminal(text))
     return [(code, text) for code, text, _ in results]
 
 
@@ -728,7 +728,10 @@ def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, scores: dict
     resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student,
                               "db_url": ws.db_url}}
     nb, resources = LimitOutput().preprocess(nb, resources)
-    text = nbformat.writes(nb)  # before the gradebook: a notebook that cannot be written records no score
+    # What the formgrader shows, made inert, and put in writing before the gradebook is touched (a notebook that
+    # cannot be written records no score); the gradebook reads the notebook as it is (SaveAutoGrades tells an
+    # untouched written answer by its checksum).
+    text = nbformat.writes(inert.notebook(nb))
     judged_grades(scores).preprocess(nb, resources)
     path = autograded_path(ws.root, s.student, s.chapter)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -814,7 +817,8 @@ def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
 
 
 def feedback_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The autograded notebook as a learner may see it: hidden tests cut out, errors without tracebacks."""
+    """The autograded notebook as a learner may see it: hidden tests cut out, errors without tracebacks, markdown
+    made inert."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -823,7 +827,7 @@ def feedback_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 out["traceback"] = [f"{out.get('ename', 'Error')}: {ANSI_ESCAPE.sub('', out.get('evalue', ''))}"]
-    return nb
+    return inert.notebook(nb)
 
 
 def write_feedback(ws: Workspace, done: list[Submission], verbose: bool) -> None:
@@ -915,9 +919,10 @@ def write_reports(ws: Workspace, results: list[Result]) -> Path:
         w = csv.writer(f)
         w.writerow(["student", "chapter", "status", "score", "max_score", "lost", "detail", "review", "isolation"])
         for r in results:
-            w.writerow([r.student, r.chapter, r.status, points(r.score, ""), points(r.max_score, ""),
-                        "; ".join(f"{lp.grade_id} {points(lp.score)}/{points(lp.max_score)}" for lp in r.lost),
-                        r.detail, " | ".join(r.review), r.isolation])
+            w.writerow(inert.csv_cell(v) for v in [
+                r.student, r.chapter, r.status, points(r.score, ""), points(r.max_score, ""),
+                "; ".join(f"{lp.grade_id} {points(lp.score)}/{points(lp.max_score)}" for lp in r.lost),
+                r.detail, " | ".join(r.review), r.isolation])
     return table
 
 
@@ -941,12 +946,12 @@ class Progress:
             return
         score = f"{points(r.score)}/{points(r.max_score)}" if r.status == "graded" else r.status
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{r.student} {r.chapter} {score}", refresh=False)
+            self.bar.set_postfix_str(inert.terminal(f"{r.student} {r.chapter} {score}"), refresh=False)
             self.bar.update(1)
         else:
             took = "" if r.seconds is None else f" ({r.seconds:.0f} s)"
-            print(f"minigpt-grade: [{self.done}/{self.total}] {r.student} {r.chapter}: {score}{took}",
-                  file=sys.stderr, flush=True)
+            line = f"minigpt-grade: [{self.done}/{self.total}] {r.student} {r.chapter}: {score}{took}"
+            print(inert.terminal(line), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -984,7 +989,7 @@ def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, future
     except JudgeFailed as err:
         r = Result(s.student, s.chapter, "error", detail=f"its judge stopped: {err}")
     except Exception as err:  # noqa: BLE001 (a bug of ours, or a result we cannot write: this notebook's row)
-        traceback.print_exc(file=sys.stderr)
+        warn(f"{s.student} {s.chapter}: {traceback.format_exc()}")
         r = Result(s.student, s.chapter, "error",
                    detail=f"the grader could not record it ({type(err).__name__}; see the grader's log)")
     r.seconds = seconds
@@ -1146,13 +1151,14 @@ def format_table(results: list[Result]) -> str:
             status = (status + "; " if status else "") + r.withheld
         if r.isolation == "none":
             status = "NOT ISOLATED" + (f"; {status}" if status else "")
-        rows.append((r.student, r.chapter, f"{points(r.score)} / {points(r.max_score)}", status))
-        notes[len(rows) - 1] = [
+        rows.append(tuple(map(inert.terminal, (r.student, r.chapter, f"{points(r.score)} / {points(r.max_score)}",
+                                               status))))
+        notes[len(rows) - 1] = [inert.terminal(line) for line in [
             f"    {lp.grade_id} ({points(lp.score)} / {points(lp.max_score)}): "
             + lp.message.replace("\n", "\n      ")
             for lp in r.lost
         ] + [f"    error in {e}".replace("\n", "\n      ") for e in r.cell_errors] + [
-            f"    review: {note}" for note in r.review] + ([f"    log: {r.log}"] if r.log else [])
+            f"    review: {note}" for note in r.review] + ([f"    log: {r.log}"] if r.log else [])]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = []
     for i, row in enumerate(rows):
@@ -1162,7 +1168,7 @@ def format_table(results: list[Result]) -> str:
 
 
 def warn(message: str) -> None:
-    print(f"minigpt-grade: {message}", file=sys.stderr)
+    print(f"minigpt-grade: {inert.terminal(message)}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------
