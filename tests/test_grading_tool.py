@@ -596,6 +596,19 @@ def test_a_cell_of_the_learners_own_that_calls_the_oracle_gets_a_review_note():
         "Tokenizer.encode = lambda self, text: coursekit.gpt2_encoding().encode(text)"]
 
 
+
+def test_a_notebook_too_long_to_read_for_oracles_is_noted(monkeypatch):
+    """Reading code for oracles takes the grader a second or more per 100,000 characters: a notebook longer than
+    the limit is noted unread, so that one learner's notebook cannot hold up the batch."""
+    from submissions import learner_notebook
+
+    monkeypatch.setattr(grade, "ORACLE_READ_LIMIT", 1000)
+    nb = learner_notebook("01-tokens", {})
+    size = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
+    assert grade.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
+        f"not read for oracles: {size:,} characters of code (read it yourself)"]
+
+
 @pytest.mark.slow
 def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is_released(course, solution_run,
                                                                                           tmp_path):
