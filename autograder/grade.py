@@ -37,6 +37,7 @@ import errno
 import hashlib
 import html
 import importlib
+import io
 import json
 import os
 import re
@@ -47,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tokenize
 import traceback
 import warnings
 from pathlib import Path
@@ -90,6 +92,31 @@ SUSPICIOUS = [
     (re.compile(r"\b__import__\s*\(|\bimportlib\b"), "imports by name"),
     (re.compile(r"\bsocket\b"), "opens sockets"),
 ]
+# The oracles the checks compare a chapter's answers with (DESIGN.md, invariant 6; the docstrings of
+# autograder/checks), as a line reaches them: by name, as an attribute, or as a string given to getattr, globals()
+# or an import. A notebook that hands a chapter's work to its oracle gets the oracle's marks. Per chapter only what
+# its lessons ask the learner to write: chapter 4 may call F.layer_norm, chapter 7 scaled_dot_product_attention.
+# No pattern backtracks over more than a bounded stretch: matching takes time linear in the length of a line.
+ORACLES = {
+    "01-tokens": [(re.compile(r"\btiktoken\b|\bgpt2_encoding\b"), "tiktoken")],
+    "02-embeddings": [(re.compile(r"\.\s*(one_hot|embedding)\b|\bEmbedding\b|'(one_hot|embedding)'"
+                                  r"|\bfunctional import\b.{0,200}?\b(one_hot|embedding)\b"),
+                       "torch's F.one_hot, F.embedding or nn.Embedding")],
+    "03-attention": [(re.compile(r"\bscaled_dot_product_attention\b|\bMultiheadAttention\b"
+                                 r"|\bmulti_head_attention_forward\b"),
+                      "torch's scaled_dot_product_attention or nn.MultiheadAttention")],
+    "08-training": [(re.compile(r"\.\s*cross_entropy\b|\bCrossEntropyLoss\b|'cross_entropy'"
+                                r"|\bfunctional import\b.{0,200}?\bcross_entropy\b"), "torch's F.cross_entropy")],
+}
+# Hugging Face's models, tokenizers, logits processors and generate, and the capstone's oracles: in any chapter.
+ORACLES_EVERYWHERE = [
+    (re.compile(r"\btransformers\b|\b(from|import) tokenizers\b|'tokenizers'|\bGPT2[A-Z]|\bAuto(Model|Tokenizer)"
+                r"|Logits(Processor|Warper)|\bprefix_allowed_tokens_fn\b"), "Hugging Face's transformers"),
+    (re.compile(r"\bcapstone\b"), "coursekit.capstone"),
+]
+# Characters of a notebook's code read for oracles: five times the longest reference's (chapter 9's), and a few
+# seconds of the grader's time at worst (a token per character); a longer notebook gets a note instead.
+ORACLE_READ_LIMIT = 200_000
 
 
 class UsageError(Exception):
@@ -596,10 +623,19 @@ def cell_name(nb: nbformat.NotebookNode, index: int) -> str:
     return f"the cell after {before}" if before else "a cell before the first graded one"
 
 
-def review_notes(nb: nbformat.NotebookNode, released: dict[str, str]) -> list[str]:
-    """What in the learner's own cells an instructor should look at: edited test cells (nbgrader puts them
-    back before grading) and code that reaches for the grading machinery."""
+def review_notes(nb: nbformat.NotebookNode, release: nbformat.NotebookNode, chapter: str) -> list[str]:
+    """What in the learner's own cells an instructor should look at: edited locked cells (nbgrader puts them
+    back before grading), code that reaches for the grading machinery, and the learner's own lines (not the
+    notebook's given ones) that use an oracle of ``chapter``'s checks. ``release``: the chapter's released
+    notebook."""
+    released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in release.cells if "nbgrader" in c.metadata}
+    given = {line.strip() for c in release.cells if c.cell_type == "code" for line in c.source.split("\n")}
+    oracles = chapter_oracles(release, chapter)
     notes = []
+    size = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
+    if size > ORACLE_READ_LIMIT:
+        notes.append(f"not read for oracles: {size:,} characters of code (read it yourself)")
+        oracles = []
     for i, cell in enumerate(nb.cells):
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         locked = grade_id in released and not cell.metadata.get("nbgrader", {}).get("solution")
@@ -614,10 +650,74 @@ def review_notes(nb: nbformat.NotebookNode, released: dict[str, str]) -> list[st
                 if pattern.search(line):
                     notes.append(f"{cell_name(nb, i)}, line {number}: {why}: {line.strip()[:80]}")
                     break
+        if not oracles:
+            continue
+        lines = cell.source.split("\n")  # as the tokenizer counts them
+        for number, code in code_lines(cell.source).items():
+            if lines[number - 1].strip() in given:
+                continue
+            oracle = next((name for pattern, name in oracles if pattern.search(code)), None)
+            if oracle:
+                notes.append(f"{cell_name(nb, i)}, line {number}: uses {oracle}, an oracle of the checks: "
+                             f"{lines[number - 1].strip()[:80]}")
     missing = [g for g in released if g not in {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}]
     if missing:
         notes.append(f"cells deleted: {', '.join(missing)}")
     return notes
+
+
+def chapter_oracles(release: nbformat.NotebookNode, chapter: str) -> list[tuple[re.Pattern, str]]:
+    """The oracles of ``chapter``'s checks, and the names that the released notebook's given code binds to one at
+    its top level, such as chapter 1's ``reference = coursekit.gpt2_encoding()``; its tests aside, whose names are
+    plain ones (chapter 4's ``config = GPT2Config(...)``) that a learner's code uses for its own."""
+    oracles = ORACLES.get(chapter, []) + ORACLES_EVERYWHERE
+    names = []
+    for cell in release.cells:
+        if cell.cell_type != "code" or cell.metadata.get("nbgrader", {}).get("grade"):
+            continue
+        lines = cell.source.split("\n")
+        for number, code in code_lines(cell.source).items():
+            bound = re.match(r"([A-Za-z_]\w*) =(?!=)", code)
+            oracle = next((name for pattern, name in oracles if pattern.search(code)), None)
+            if bound and oracle and not lines[number - 1][:1].isspace():
+                names.append((re.compile(rf"\b{bound[1]}\b"), f"{oracle} (as the notebook's {bound[1]})"))
+    return oracles + names
+
+
+def code_lines(source: str) -> dict[int, str]:
+    """{line number: what the line runs} of a cell's code, its tokens joined by spaces: without comments and
+    documentation (a statement that is only strings), and of its strings only those that could name something
+    (``getattr(F, "one_hot")``, ``globals()["reference"]``), as 'name'. Where a cell stops tokenizing (a cell
+    magic's text), its lines from there on are taken as they are written."""
+    lines: dict[int, list[str]] = {}
+    statement: list[tokenize.TokenInfo] = []
+    last = 1  # the line of the last token read
+
+    def end_statement() -> None:
+        if any(t.type != tokenize.STRING for t in statement):
+            for t in statement:
+                lines.setdefault(t.start[0], []).append(_token_text(t))
+        statement.clear()
+
+    try:
+        for t in tokenize.generate_tokens(io.StringIO(source).readline):
+            last = t.start[0]
+            if t.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                end_statement()
+            elif t.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER, tokenize.STRING, tokenize.ERRORTOKEN):
+                statement.append(t)
+    except (tokenize.TokenError, SyntaxError):
+        for number, line in enumerate(source.split("\n")[last - 1:], last):
+            lines.setdefault(number, []).append(line)
+    end_statement()
+    return {number: " ".join(parts) for number, parts in lines.items()}
+
+
+def _token_text(t: tokenize.TokenInfo) -> str:
+    if t.type != tokenize.STRING:
+        return t.string
+    quoted = re.fullmatch(r"""[A-Za-z]*('''|\"\"\"|'|")(.*)\1""", t.string, re.S)
+    return f"'{quoted[2]}'" if quoted and re.fullmatch(r"[\w.]+", quoted[2]) else "''"
 
 
 def sanitize(nb: nbformat.NotebookNode, ws: Workspace, s: Submission) -> nbformat.NotebookNode:
@@ -1065,7 +1165,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if why:
             finish(s, Result(s.student, s.chapter, "wrong-notebook", detail=why), digest)
             continue
-        notes = review_notes(nb, released[s.chapter]) + ([receipt_note] if receipt_note else [])
+        notes = review_notes(nb, ws.released(s.chapter), s.chapter) + ([receipt_note] if receipt_note else [])
         try:
             prepared = sanitize(nb, ws, s)
         except Exception as err:  # noqa: BLE001 (nbgrader refuses what it cannot read)

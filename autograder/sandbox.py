@@ -9,10 +9,19 @@ refuse to import), anything else on the machine.
 
 What it may write: a home folder and ``/tmp``, both in memory and limited in size; nothing on the host's disk.
 It has no network, its own process namespace (it cannot see or signal the grader, or other notebooks), an
-unprivileged user, and limits on its total memory and number of processes (a cgroup per run; where no cgroup can
-be made, a watchdog that sums the memory of its processes) and on each process's address space. It dies with the
-grader. Its only way out is the judge's socket: hidden test cells serve the judge's requests there, and the
-executor hands over the executed notebook there.
+unprivileged user that cannot make user namespaces of its own (no ``unshare -Ur``: kernel surface a notebook does
+not need), and limits on its total memory and number of processes (a cgroup per run; where no cgroup can be made, a
+watchdog that sums the memory of its processes) and on each process's address space. It dies with the grader. Its
+only way out is the judge's socket: hidden test cells serve the judge's requests there, and the executor hands over
+the executed notebook there.
+
+Nothing of the grader's environment is in view: the notebook's environment is made, not inherited, and bubblewrap,
+which is the sandbox's pid 1 (its ``/proc/1/environ`` is readable inside), is started with an empty one. Grading
+from a JupyterLab terminal would otherwise hand every learner the hub's API token.
+
+The setuid and setgid programs of ``/usr`` are in view but run without privileges: bubblewrap mounts every bind
+``nosuid``, sets no_new_privs and drops every capability, each enough alone. Hiding them as well would mean a walk of
+``/usr`` and a bind per file for every notebook, to guard against nothing those three leave open.
 """
 from __future__ import annotations
 
@@ -34,6 +43,10 @@ SANDBOX_SIDE = ("__init__.py", "hidden.py", "wire.py", "execute.py", "helpers") 
 INSIDE = Path("/grading")  # where the run's own read-only files appear
 HOME = Path("/home/learner")
 UID = 1000
+# bubblewrap's namespaces and user, as every sandbox has them (`missing` tries them): --disable-userns needs a user
+# namespace of bubblewrap's own, which --unshare-all only tries to make
+ISOLATION = ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--uid", str(UID),
+             "--gid", str(UID))
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "hosts", "host.conf",
              "resolv.conf", "ssl", "ca-certificates", "fonts", "mime.types", "alternatives")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -60,8 +73,7 @@ def missing() -> str | None:
     path = bwrap()
     if path is None:
         return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    proc = subprocess.run([path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([path, *ISOLATION, "--ro-bind", "/", "/", "true"], capture_output=True, text=True, env={})
     if proc.returncode != 0:
         return f"bubblewrap cannot make a sandbox here: {proc.stderr.strip()[:300]}"
     return None
@@ -74,15 +86,16 @@ def _stub(module: str, chapter: str) -> str:
 
 def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: str, cell_timeout: int,
             limits: Limits, threads: int = 1, program: list[str] | None = None) -> list[str]:
-    """The bwrap command line that runs ``python -m autograder.execute`` on the notebook in ``run_dir/in``.
-    ``blocked``: the reference modules (``minigpt.tokens``, ...) the notebook may not import; ``threads``: its
-    share of the cores; ``program``: other arguments for the sandbox's python than the executor's."""
+    """The command line that runs ``python -m autograder.execute`` on the notebook in ``run_dir/in``: bwrap,
+    started by ``env -i`` (see the module's docstring). ``blocked``: the reference modules (``minigpt.tokens``, ...)
+    the notebook may not import; ``threads``: its share of the cores; ``program``: other arguments for the
+    sandbox's python than the executor's."""
     import coursekit
     import minigpt
 
     venv, base = Path(sys.prefix), Path(sys.base_prefix)
-    args = [bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(UID), "--gid", str(UID),
-            "--hostname", "sandbox", "--cap-drop", "ALL", "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc",
+    args = ["env", "-i", bwrap(), *ISOLATION, "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL",
+            "--tmpfs", "/", "--dev", "/dev", "--proc", "/proc",
             # the writable folders first: what is bound below stays in view inside them (a course under /tmp)
             "--size", str(limits.tmp_size), "--tmpfs", "/tmp", "--size", str(limits.tmp_size), "--tmpfs", str(HOME),
             "--ro-bind", "/usr", "/usr"]

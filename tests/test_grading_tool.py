@@ -611,18 +611,73 @@ def test_reports_hold_every_result_of_the_workspace(course, solution_run, class_
 
 
 def test_review_notes_flag_nothing_in_right_answers():
-    """No false alarms: the reference answers and every different-but-correct answer of every chapter get no
-    review note (the notes point an instructor at code that reaches for the grader)."""
+    """No false alarms: the reference answers of every chapter get no review note, and the different-but-correct
+    answers none but the oracle's, where they call it (chapter 2's with torch's F.one_hot or F.embedding: full
+    marks, and a note for the instructor)."""
     import importlib
 
     from submissions import apply_edits, learner_notebook
 
+    calls_its_oracle = {"functional-sliced", "eye-position-ids", "compare-functional-embedding"}
     for ch in grade.graded_chapters(ROOT):
         module = importlib.import_module(f"submissions.ch{ch[:2]}_{ch[3:].replace('-', '_')}")
-        released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in learner_notebook(ch, None).cells
-                    if "nbgrader" in c.metadata}
-        for key, cells in [("reference", {})] + [(v.key, apply_edits(ch, v.edits, v.cells)) for v in module.VARIANTS]:
-            assert grade.review_notes(learner_notebook(ch, cells), released) == [], (ch, key)
+        released = learner_notebook(ch, None)
+        assert grade.review_notes(learner_notebook(ch, {}), released, ch) == [], ch
+        for v in module.VARIANTS:
+            notes = grade.review_notes(learner_notebook(ch, apply_edits(ch, v.edits, v.cells)), released, ch)
+            assert [n for n in notes if "an oracle of the checks" not in n] == [], (ch, v.key)
+            assert bool(notes) == (v.key in calls_its_oracle), (ch, v.key, notes)
+
+
+@pytest.mark.parametrize("route", [
+    'import tiktoken\n        return tiktoken.get_encoding("gpt2").encode_ordinary(text)',
+    "return coursekit.gpt2_encoding().encode_ordinary(text)",  # the name the notebook's imports cell gives
+    "return reference.encode_ordinary(text)",  # the name its given demo cells bind to tiktoken's encoding
+    'return globals()["reference"].encode_ordinary(text)',
+    'return getattr(coursekit, "gpt2_encoding")().encode_ordinary(text)',
+])
+def test_a_tokenizer_that_calls_tiktoken_gets_a_review_note(route):
+    """Chapter 1's checks compare the learner's tokenizer with tiktoken: one that hands its work to tiktoken gets
+    full marks, so the instructor is told, with the cell, the line and the oracle. A mention of tiktoken in a
+    comment or a message is no call."""
+    from submissions import Edit, apply_edits, learner_notebook
+
+    body = "        ids = []\n        for piece in pre_split(text):\n"
+    mention = '        assert isinstance(text, str), "text, as for tiktoken"  # tiktoken takes str only\n'
+    cells = apply_edits("01-tokens", (Edit("tokenizer", body, f"{mention}        {route}\n{body}"),))
+    lines = cells["tokenizer"].splitlines()
+    calls = [i for i, line in enumerate(lines, 1) if line.strip() in route.split("\n        ")]
+    notes = grade.review_notes(learner_notebook("01-tokens", cells), learner_notebook("01-tokens", None), "01-tokens")
+    assert len(notes) == len(calls), notes
+    for i, note in zip(calls, notes):
+        assert note.startswith(f"tokenizer, line {i}: uses tiktoken") and note.endswith(lines[i - 1].strip()), note
+
+
+def test_a_cell_of_the_learners_own_that_calls_the_oracle_gets_a_review_note():
+    """The learner's own cells count, not only the solution cells: a cell added after the Tokenizer that patches
+    its encode with tiktoken's."""
+    from submissions import learner_notebook
+
+    nb = learner_notebook("01-tokens", {})
+    after = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "tokenizer")
+    nb.cells.insert(after + 1, nbformat.v4.new_code_cell(
+        "import coursekit\n\nTokenizer.encode = lambda self, text: coursekit.gpt2_encoding().encode(text)\n"))
+    assert grade.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
+        "the cell after tokenizer, line 3: uses tiktoken, an oracle of the checks: "
+        "Tokenizer.encode = lambda self, text: coursekit.gpt2_encoding().encode(text)"]
+
+
+
+def test_a_notebook_too_long_to_read_for_oracles_is_noted(monkeypatch):
+    """Reading code for oracles takes the grader a second or more per 100,000 characters: a notebook longer than
+    the limit is noted unread, so that one learner's notebook cannot hold up the batch."""
+    from submissions import learner_notebook
+
+    monkeypatch.setattr(grade, "ORACLE_READ_LIMIT", 1000)
+    nb = learner_notebook("01-tokens", {})
+    size = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
+    assert grade.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
+        f"not read for oracles: {size:,} characters of code (read it yourself)"]
 
 
 @pytest.mark.slow

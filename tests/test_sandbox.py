@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(sandbox.missing() is not None, reason=f"no sandb
 ROOT = Path(__file__).resolve().parents[1]
 
 REPORT = r'''
-import json, os, socket, sys
+import ctypes, json, os, socket, stat, subprocess, sys, threading
 report = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
 def visible(path):
     return os.path.exists(path)
@@ -48,8 +48,36 @@ try:
 except (OSError, KeyError) as err:
     report["network"] = type(err).__name__
 report["env"] = dict(os.environ)
+readable = {}
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for name in ("environ", "cmdline"):
+        try:
+            readable[f"{pid}/{name}"] = open(f"/proc/{pid}/{name}", "rb").read().decode("utf-8", "replace")
+        except OSError:
+            pass
+report["proc"] = readable
+# Each setuid or setgid program run: the loader shows the auxiliary vector (LD_SHOW_AUXV) unless the exec gave the
+# program privileges (AT_SECURE), when it keeps quiet.
+secure = {}
+for folder, _, files in os.walk("/usr"):
+    for path in (os.path.join(folder, name) for name in files):
+        mode = os.lstat(path).st_mode
+        if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID) and os.access(path, os.X_OK):
+            proc = subprocess.Popen([path, "--help"], env={"LD_SHOW_AUXV": "1"}, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            timer = threading.Timer(10, proc.kill)  # a program that says nothing is not waited for
+            timer.start()
+            secure[path] = next((line.split()[1] for line in proc.stdout if line.startswith("AT_SECURE:")), "silent")
+            timer.cancel()
+            proc.kill()
+            proc.wait()
+report["setuid"] = secure
+report["unshare -Ur"] = subprocess.run(["unshare", "-Ur", "true"], capture_output=True, text=True).returncode
+# last, as it would move this process into a namespace of its own (os.unshare is Python 3.12's)
+report["unshare(CLONE_NEWUSER)"] = ctypes.CDLL(None).unshare(0x10000000) or "made"
 print("REPORT" + json.dumps(report))
 '''
+CANARY = f"canary-{os.urandom(8).hex()}"
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +94,12 @@ def report(tmp_path_factory):
     # the home folder's files (this machine's Python may live under it: only that is in view)
     secrets += [str(p) for p in Path.home().iterdir() if not str(sys.base_prefix).startswith(str(p))]
     limits = sandbox.Limits(memory=2 << 30, timeout=120)
-    args = sandbox.command(chapter="01-tokens", blocked=blocked, run_dir=run_dir, notebook_name="x.ipynb",
-                           cell_timeout=10, limits=limits, program=["-c", REPORT, *secrets])
-    args[-len(secrets) - 3:-len(secrets) - 3] = ["--setenv", "PORT_TO_TRY", str(server.getsockname()[1])]
-    outcome = sandbox.run(args, limits)
+    with pytest.MonkeyPatch.context() as grader:  # as when an instructor grades from a JupyterLab terminal
+        grader.setenv("JUPYTERHUB_API_TOKEN", CANARY)
+        args = sandbox.command(chapter="01-tokens", blocked=blocked, run_dir=run_dir, notebook_name="x.ipynb",
+                               cell_timeout=10, limits=limits, program=["-c", REPORT, *secrets])
+        args[-len(secrets) - 3:-len(secrets) - 3] = ["--setenv", "PORT_TO_TRY", str(server.getsockname()[1])]
+        outcome = sandbox.run(args, limits)
     server.close()
     line = next((line for line in outcome.log.splitlines() if line.startswith("REPORT")), None)
     assert line, outcome.log
@@ -109,6 +139,27 @@ def test_its_environment_is_made_not_inherited(report):
                                "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR", "MINIGPT_JUDGE",
                                "OMP_NUM_THREADS", "PORT_TO_TRY", "PWD", "LC_CTYPE", "NBGRADER_EXECUTION"}, got["env"]
     assert got["env"]["NBGRADER_EXECUTION"] == "autograde"
+
+
+def test_nothing_of_the_graders_environment_is_in_view(report):
+    """bubblewrap is the sandbox's pid 1, and a process there may read its environment: it starts with none."""
+    got, _, _ = report
+    assert {"1/environ", "1/cmdline"} <= set(got["proc"]), sorted(got["proc"])  # looked where it leaked
+    assert CANARY not in got["env"].values()
+    assert [where for where, text in got["proc"].items() if CANARY in text] == []  # where, not what: no secrets in logs
+
+
+def test_no_user_namespace_can_be_made_inside(report):
+    got, _, _ = report
+    assert got["unshare -Ur"] != 0
+    assert got["unshare(CLONE_NEWUSER)"] == -1
+
+
+def test_setuid_and_setgid_programs_run_without_privileges(report):
+    """They are in view (bubblewrap's binds are nosuid, no_new_privs is set): each one run says AT_SECURE 0."""
+    got, _, _ = report
+    assert got["setuid"], "no setuid program found under /usr: su and mount are on every Debian"
+    assert {path: secure for path, secure in got["setuid"].items() if secure != "0"} == {}
 
 
 def test_limits_are_applied_per_run(report):
