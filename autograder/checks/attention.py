@@ -631,9 +631,9 @@ def _layer(CausalSelfAttention, n_embd, n_head, seed, dtype=torch.float32):
     mode: ``(layer, its weights {name: tensor})``, the weights as sent into it."""
     name = f"CausalSelfAttention({n_embd}, {n_head})"
     layer = call(CausalSelfAttention, n_embd, n_head, label=name)
-    for part in ("c_attn", "c_proj"):
-        if not is_instance(getattr(layer, part, None), "torch.nn.Linear"):
-            fail(f"{name} has no nn.Linear `{part}`", LAYERS_HINT)
+    for linear in ("c_attn", "c_proj"):
+        if not is_instance(getattr(layer, linear, None), "torch.nn.Linear"):
+            fail(f"{name} has no nn.Linear `{linear}`", LAYERS_HINT)
     g = torch.Generator().manual_seed(seed)
     C = n_embd
     shapes = {"c_attn.weight": (3 * C, C), "c_attn.bias": (3 * C,), "c_proj.weight": (C, C), "c_proj.bias": (C,)}

@@ -415,10 +415,10 @@ def _embeddings(Embeddings, V, block, C, seed=None, tables=None, dtype=torch.flo
     depend on torch's RNG, in ``dtype`` (``.double()``): ``(layer, wte, wpe)``, the tables as sent into the layer."""
     name = f"Embeddings(vocab_size={V}, block_size={block}, n_embd={C})"
     emb = call(Embeddings, vocab_size=V, block_size=block, n_embd=C, name="Embeddings")
-    for part, rows in (("wte", V), ("wpe", block)):
-        table = getattr(getattr(emb, part, None), "weight", None)
+    for table_name, rows in (("wte", V), ("wpe", block)):
+        table = getattr(getattr(emb, table_name, None), "weight", None)
         if not isinstance(table, torch.Tensor) or tuple(table.shape) != (rows, C):
-            fail(f"{name}.{part}.weight is {_what(table)}, expected shape ({rows}, {C})", TABLES_HINT)
+            fail(f"{name}.{table_name}.weight is {_what(table)}, expected shape ({rows}, {C})", TABLES_HINT)
     if dtype == torch.float64:
         call(emb.double, label=f"{name}.double()")
     wte, wpe = tables if tables is not None else (_table(V, C, seed), _table(block, C, seed + 1))
