@@ -16,7 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autograder.grade import DEFAULT_COURSE_ROOT, copy_sources, course_chapters, log_tail, nbgrader_steps, write_config
+from autograder.base import DEFAULT_COURSE_ROOT
+from autograder.intake import course_chapters
+from autograder.workspace import copy_sources, log_tail, nbgrader_steps, write_config
 
 
 def generate(course_root: Path, workdir: Path) -> Path:

@@ -25,7 +25,6 @@ import resource
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import nbformat
@@ -170,7 +169,7 @@ def _judge_process(sender, chapter: str, notebook: str, limits: dict, sandboxed:
     """Forked from the fork server: cap this process, run and judge the notebook, send the plain result."""
     import importlib
 
-    from autograder.grade import Limits
+    from autograder.base import Limits
 
     try:
         sys.path[:] = grader["path"]
@@ -237,7 +236,7 @@ def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, 
                 work = run_dir / "work"
                 work.mkdir()
                 shutil.copyfile(run_dir / "in" / name, work / name)
-                from autograder.grade import nbgrader_env
+                from autograder.workspace import nbgrader_env
 
                 env = {**nbgrader_env(), "MINIGPT_JUDGE": str(run_dir / "sock" / "judge"),
                        "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": str(threads),

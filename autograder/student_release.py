@@ -36,8 +36,8 @@ from urllib.parse import unquote
 
 import yaml
 
-from autograder.grade import ANSI_ESCAPE
-from autograder.grade import course_chapters as chapters
+from autograder.base import ANSI_ESCAPE
+from autograder.intake import course_chapters as chapters
 from coursekit import export
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT / "src/coursekit/data/tikto
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autograder import grade  # noqa: E402
+from autograder import base, grade, intake  # noqa: E402
 from submissions import apply_edits, hostile, learner_notebook  # noqa: E402
 from submissions import ch01_tokens as ch  # noqa: E402
 
@@ -61,7 +61,7 @@ def whole_course(folder: Path) -> dict[str, str]:
     """{chapter: kind} for one learner, "learner", who hands in the right answer of every graded chapter."""
     import nbformat
 
-    chapters = grade.graded_chapters(ROOT)
+    chapters = intake.graded_chapters(ROOT)
     (folder / "learner").mkdir(parents=True)
     for chapter in chapters:
         nb = learner_notebook(chapter, {})
@@ -101,7 +101,7 @@ def course_main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=50, help="submissions in the class (default 50)")
-    parser.add_argument("--jobs", type=int, default=grade.default_jobs(), help="notebooks graded at once")
+    parser.add_argument("--jobs", type=int, default=base.default_jobs(), help="notebooks graded at once")
     parser.add_argument("--cell-timeout", type=int, default=30, help="seconds per cell (the loops wait this long)")
     parser.add_argument("--course", action="store_true", help="one learner's whole course instead of a class")
     args = parser.parse_args(argv)

@@ -56,7 +56,7 @@ def check_mutant(key: str, lost: dict[str, str]) -> None:
 def as_in_the_sandbox():
     """The reference modules of this chapter and later ones cannot be imported in the block (as in the grading
     sandbox, `autograder.grade.blocked_modules`), and no verdict of an earlier notebook is remembered."""
-    from autograder.grade import blocked_modules
+    from autograder.run import blocked_modules
     from autograder.judge import forget_here
 
     forget_here()

@@ -470,7 +470,7 @@ def test_the_learner_side_builds_the_checks_models_without_transformers_or_this_
     """The helpers run in chapter 5's sandbox: minigpt.generation cannot be imported there, and importing
     transformers would cost seconds in every notebook. The GPT they build holds the weights the judge's Hugging
     Face model holds."""
-    from autograder.grade import blocked_modules
+    from autograder.run import blocked_modules
 
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('05-generation')!r}))\n"
             "import torch\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade
+from autograder import base, grade, intake, scoring, workspace
 
 CHAPTER = "99-demo"
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ def test_nbgrader_commands_share_one_process_and_keep_their_own_results(course, 
     workdir = course / ".grading"
     steps = [["generate_assignment", "no-such-chapter", "--force"], ["generate_assignment", CHAPTER, "--force"],
              ["generate_feedback", CHAPTER, "--no-such-flag"]]
-    results = grade.nbgrader_steps(workdir, steps)
+    results = workspace.nbgrader_steps(workdir, steps)
     assert [code != 0 for code, _ in results] == [True, False, True]
     assert "no-such-chapter" in results[0][1] and "no-such-chapter" not in results[1][1]
     assert (workdir / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb").is_file()
@@ -235,7 +235,7 @@ def test_a_line_printed_by_a_command_cannot_pose_as_the_end_of_a_command():
 
     forged = f"{MARKER} 0 exit 0 seconds 0.1\n{MARKER} guess 0 exit 0 seconds 0.1\n"
     stdout = f"[ERROR] feedback failed\n{forged}{MARKER} n0nce 0 exit 1 seconds 2.0\nsecond\n"
-    results = grade.split_steps(stdout, "n0nce", 2, returncode=-9)
+    results = workspace.split_steps(stdout, "n0nce", 2, returncode=-9)
     assert results[0] == (1, "[ERROR] feedback failed\n" + forged, 2.0)
     assert results[1][0] == -1 and "second" in results[1][1] and "exited -9" in results[1][1]
 
@@ -282,7 +282,7 @@ def test_class_layouts_and_missing_chapters(tmp_path):
     for path in ("ann/01-a.ipynb", "bob/01-a/01-a.ipynb", "bob/02-b.ipynb"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("{}")
-    subs = grade.class_submissions(tmp_path, [], ["01-a", "02-b", "03-c"])
+    subs = intake.class_submissions(tmp_path, [], ["01-a", "02-b", "03-c"])
     assert [(s.student, s.chapter, s.path and s.path.relative_to(tmp_path).as_posix()) for s in subs] == [
         ("ann", "01-a", "ann/01-a.ipynb"),
         ("ann", "02-b", None),
@@ -296,12 +296,12 @@ def test_error_message_is_the_last_line_not_the_traceback():
         "output_type": "error", "ename": "AssertionError", "evalue": "bpe_merge(b'ab') returned [1], expected [2]",
         "traceback": ["\x1b[0;31m---\x1b[0m", "check_bpe_merge(bpe_merge)  # hidden source", "AssertionError: ..."],
     }]}
-    assert grade.error_message(cell) == "AssertionError: bpe_merge(b'ab') returned [1], expected [2]"
+    assert scoring.error_message(cell) == "AssertionError: bpe_merge(b'ab') returned [1], expected [2]"
     timeout = {"output_type": "error", "ename": "CellTimeoutError", "evalue": "", "traceback": []}
-    assert grade.error_message({"outputs": [timeout]}) == (
+    assert scoring.error_message({"outputs": [timeout]}) == (
         "CellTimeoutError: no reply from the kernel before the time limit"
     )
-    assert grade.error_message({"outputs": []}) == "lost points without raising an error"
+    assert scoring.error_message({"outputs": []}) == "lost points without raising an error"
 
 
 def test_kernel_runs_this_python():
@@ -324,7 +324,7 @@ def test_course_config_roots_at_the_repo_wherever_it_runs(tmp_path, monkeypatch)
     assert (config.CourseDirectory.source_directory, config.CourseDirectory.release_directory) == (
         "solutions", "notebooks"
     )
-    assert config.ExecutePreprocessor.timeout == grade.DEFAULT_CELL_TIMEOUT  # minigpt-grade's default is the course's
+    assert config.ExecutePreprocessor.timeout == base.DEFAULT_CELL_TIMEOUT  # minigpt-grade's default is the course's
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -417,15 +417,15 @@ def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
 
 def test_the_capstone_is_not_offered_for_grading(capsys):
     """10-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
-    assert "10-capstone" in grade.course_chapters(ROOT)
-    assert "10-capstone" not in grade.graded_chapters(ROOT)
-    assert grade.graded_chapters(ROOT) == [ch for ch in grade.course_chapters(ROOT) if ch != "10-capstone"]
+    assert "10-capstone" in intake.course_chapters(ROOT)
+    assert "10-capstone" not in intake.graded_chapters(ROOT)
+    assert intake.graded_chapters(ROOT) == [ch for ch in intake.course_chapters(ROOT) if ch != "10-capstone"]
     code, _, err = run_grade(capsys, ROOT / "notebooks" / "10-capstone" / "10-capstone.ipynb")
     assert code == 2 and "no chapter 10-capstone to grade" in err
 
 
 def test_limits_on_the_command_line(course, capsys):
-    assert grade.parse_size("4G") == 4 << 30 and grade.parse_size("1500M") == 1500 << 20
+    assert base.parse_size("4G") == 4 << 30 and base.parse_size("1500M") == 1500 << 20
     learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
     code, _, err = run_grade(capsys, learner, "--course-root", course, "--memory", "lots")
     assert code == 2 and "--memory must be a size like 4G or 1500M, got 'lots'" in err
@@ -557,18 +557,18 @@ def test_student_ids_and_links_are_checked_at_intake(tmp_path, capsys):
         (tmp_path / name).mkdir()
         (tmp_path / name / "01-a.ipynb").write_text("{}")
     (tmp_path / "linked").symlink_to(tmp_path / "ok.student")
-    subs = grade.class_submissions(tmp_path, [], ["01-a"])
+    subs = intake.class_submissions(tmp_path, [], ["01-a"])
     assert [s.student for s in subs] == ["ok.student"]
     err = capsys.readouterr().err
     assert "'-rf' is not a plain student id" in err and "'a b' is not a plain student id" in err
     assert "a link, not a student folder" in err
-    with pytest.raises(grade.UsageError, match="student id '--x'"):
-        grade.notebook_submissions([str(tmp_path / "ok.student" / "01-a.ipynb")], "--x", None, ["01-a"])
+    with pytest.raises(base.UsageError, match="student id '--x'"):
+        intake.notebook_submissions([str(tmp_path / "ok.student" / "01-a.ipynb")], "--x", None, ["01-a"])
     (tmp_path / "target.ipynb").write_text("{}")
     (tmp_path / "link.ipynb").symlink_to(tmp_path / "target.ipynb")
-    assert "symbolic link" in grade.read_submission(tmp_path / "link.ipynb")
-    assert grade.read_submission(tmp_path / "target.ipynb") == b"{}"
-    assert "not a regular file" in grade.read_submission(tmp_path)
+    assert "symbolic link" in intake.read_submission(tmp_path / "link.ipynb")
+    assert intake.read_submission(tmp_path / "target.ipynb") == b"{}"
+    assert "not a regular file" in intake.read_submission(tmp_path)
 
 
 @pytest.mark.slow
@@ -588,7 +588,7 @@ def test_plain_nbgrader_grades_in_the_trusted_setting(tmp_path):
         (root / "submitted" / student / "01-tokens" / "01-tokens.ipynb").write_text(text)
     for step in (["generate_assignment", "01-tokens"], ["autograde", "01-tokens"]):
         proc = subprocess.run([sys.executable, "-m", "nbgrader", *step, f"--CourseDirectory.root={root}"], cwd=ROOT,
-                              env=grade.nbgrader_env(), capture_output=True, text=True, timeout=600)
+                              env=workspace.nbgrader_env(), capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
         scores = {s.student.id: s.score for s in gb.find_assignment("01-tokens").submissions}
@@ -619,12 +619,12 @@ def test_review_notes_flag_nothing_in_right_answers():
     from submissions import apply_edits, learner_notebook
 
     calls_its_oracle = {"functional-sliced", "eye-position-ids", "compare-functional-embedding"}
-    for ch in grade.graded_chapters(ROOT):
+    for ch in intake.graded_chapters(ROOT):
         module = importlib.import_module(f"submissions.ch{ch[:2]}_{ch[3:].replace('-', '_')}")
         released = learner_notebook(ch, None)
-        assert grade.review_notes(learner_notebook(ch, {}), released, ch) == [], ch
+        assert intake.review_notes(learner_notebook(ch, {}), released, ch) == [], ch
         for v in module.VARIANTS:
-            notes = grade.review_notes(learner_notebook(ch, apply_edits(ch, v.edits, v.cells)), released, ch)
+            notes = intake.review_notes(learner_notebook(ch, apply_edits(ch, v.edits, v.cells)), released, ch)
             assert [n for n in notes if "an oracle of the checks" not in n] == [], (ch, v.key)
             assert bool(notes) == (v.key in calls_its_oracle), (ch, v.key, notes)
 
@@ -647,7 +647,7 @@ def test_a_tokenizer_that_calls_tiktoken_gets_a_review_note(route):
     cells = apply_edits("01-tokens", (Edit("tokenizer", body, f"{mention}        {route}\n{body}"),))
     lines = cells["tokenizer"].splitlines()
     calls = [i for i, line in enumerate(lines, 1) if line.strip() in route.split("\n        ")]
-    notes = grade.review_notes(learner_notebook("01-tokens", cells), learner_notebook("01-tokens", None), "01-tokens")
+    notes = intake.review_notes(learner_notebook("01-tokens", cells), learner_notebook("01-tokens", None), "01-tokens")
     assert len(notes) == len(calls), notes
     for i, note in zip(calls, notes):
         assert note.startswith(f"tokenizer, line {i}: uses tiktoken") and note.endswith(lines[i - 1].strip()), note
@@ -662,7 +662,7 @@ def test_a_cell_of_the_learners_own_that_calls_the_oracle_gets_a_review_note():
     after = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "tokenizer")
     nb.cells.insert(after + 1, nbformat.v4.new_code_cell(
         "import coursekit\n\nTokenizer.encode = lambda self, text: coursekit.gpt2_encoding().encode(text)\n"))
-    assert grade.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
+    assert intake.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
         "the cell after tokenizer, line 3: uses tiktoken, an oracle of the checks: "
         "Tokenizer.encode = lambda self, text: coursekit.gpt2_encoding().encode(text)"]
 
@@ -676,7 +676,7 @@ def test_a_notebook_too_long_to_read_for_oracles_is_noted(monkeypatch):
     monkeypatch.setattr(grade, "ORACLE_READ_LIMIT", 1000)
     nb = learner_notebook("01-tokens", {})
     size = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
-    assert grade.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
+    assert intake.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [
         f"not read for oracles: {size:,} characters of code (read it yourself)"]
 
 
@@ -741,7 +741,7 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
     exchange.mkdir()
     proc = subprocess.run([sys.executable, "-m", "nbgrader", "release_feedback", CHAPTER,
                            f"--Exchange.root={exchange}", "--CourseDirectory.course_id=demo"],
-                          cwd=workdir, env=grade.nbgrader_env(), capture_output=True, text=True)
+                          cwd=workdir, env=workspace.nbgrader_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pages = {p.name for p in (exchange / "demo" / "feedback").iterdir()}
     assert len(pages) == len(receipts), pages

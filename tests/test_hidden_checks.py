@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from autograder import grade
+from autograder import base, intake
 from submissions import hidden_tests, learner_namespace
 
-CHAPTERS = grade.graded_chapters(grade.DEFAULT_COURSE_ROOT)
+CHAPTERS = intake.graded_chapters(base.DEFAULT_COURSE_ROOT)
 
 
 def random_states():

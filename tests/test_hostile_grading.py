@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade
+from autograder import base, grade, workspace
 from submissions import hostile
 from submissions.grading import lost_cells
 
@@ -45,12 +45,12 @@ def course_files() -> dict[str, str]:
     return out
 
 
-def grade_class(class_dir: Path, workdir: Path) -> tuple[int, dict[str, grade.Result], str]:
+def grade_class(class_dir: Path, workdir: Path) -> tuple[int, dict[str, base.Result], str]:
     out = workdir.parent / "results.json"
     with contextlib.redirect_stdout(io.StringIO()) as table:
         code = grade.main(["--class", str(class_dir), "--chapter", CHAPTER, "--workdir", str(workdir),
                            "--cell-timeout", "20", "--timeout", "150", "--json", str(out), "--quiet"])
-    results = {r["student"]: grade.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
+    results = {r["student"]: base.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
     return code, results, table.getvalue()
 
 
@@ -85,12 +85,12 @@ def batch(tmp_path_factory):
 
 
 def outputs(batch, student: str) -> str:
-    nb = nbformat.read(grade.autograded_path(batch["workdir"], student, CHAPTER), as_version=4)
+    nb = nbformat.read(workspace.autograded_path(batch["workdir"], student, CHAPTER), as_version=4)
     return "\n".join("".join(o.get("text", "")) + json.dumps(o.get("data", {})) + o.get("evalue", "")
                      for c in nb.cells for o in c.get("outputs", []))
 
 
-def result(batch, student: str) -> grade.Result:
+def result(batch, student: str) -> base.Result:
     return batch["first"][1][student]
 
 
@@ -183,7 +183,7 @@ def test_the_judge_refuses_a_second_judgement_and_a_forged_run(batch):
 def test_scores_come_from_the_judge_not_from_what_the_notebook_shows(batch):
     """Every test cell of these notebooks shows an execute_result (nbgrader's rule reads one as full credit)."""
     for student in ("expect-ok", "forge-scores"):
-        nb = nbformat.read(grade.autograded_path(batch["workdir"], student, CHAPTER), as_version=4)
+        nb = nbformat.read(workspace.autograded_path(batch["workdir"], student, CHAPTER), as_version=4)
         shown = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "execute_result"]
         assert shown == [], f"{student}: an execute_result is kept in the autograded notebook"
         assert result(batch, student).score == result(batch, "wrong").score
@@ -226,9 +226,9 @@ def test_the_victims_keep_their_scores_across_both_runs(batch):
 
 def test_learner_markup_reaches_no_page_as_script(batch):
     workdir = batch["workdir"]
-    nb = nbformat.read(grade.autograded_path(workdir, "fools-readers", CHAPTER), as_version=4)
+    nb = nbformat.read(workspace.autograded_path(workdir, "fools-readers", CHAPTER), as_version=4)
     pages = ["\n".join(c.source for c in nb.cells if c.cell_type == "markdown"),
-             grade.feedback_path(workdir, "fools-readers", CHAPTER).read_text(),
+             workspace.feedback_path(workdir, "fools-readers", CHAPTER).read_text(),
              (workdir / "feedback" / "fools-readers" / "index.html").read_text()]
     for i, page in enumerate(pages):
         for bad in ("onerror", "onload", "<script", "javascript:"):
@@ -301,7 +301,7 @@ def test_nothing_of_the_checks_shows_in_outputs_messages_or_feedback(batch, stud
     workdir = batch["workdir"]
     shown = [outputs(batch, student), (workdir / "grades.csv").read_text(),
              (workdir / "feedback" / student / "index.html").read_text()]
-    page = grade.feedback_path(workdir, student, CHAPTER)
+    page = workspace.feedback_path(workdir, student, CHAPTER)
     if page.is_file():
         shown.append(page.read_text())
     for secret in SECRETS:
@@ -411,7 +411,7 @@ def test_a_renamed_function_is_named(batch):
 
 
 def test_megabytes_of_output_are_cut(batch):
-    path = grade.autograded_path(batch["workdir"], "flood", CHAPTER)
+    path = workspace.autograded_path(batch["workdir"], "flood", CHAPTER)
     assert path.stat().st_size < 2_000_000
     assert result(batch, "flood").score == 13
 

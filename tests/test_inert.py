@@ -21,7 +21,7 @@ import pytest
 from bs4 import BeautifulSoup
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 
-from autograder import grade, inert
+from autograder import base, inert, reports, workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -291,7 +291,7 @@ def test_nothing_of_the_learner_runs_in_nbgraders_pages(template):
 
 
 def test_the_learners_view_is_inert_too():
-    nb = grade.feedback_notebook(hostile_notebook())
+    nb = reports.feedback_notebook(hostile_notebook())
     assert live_parts(nbgrader_page(nb, "feedback")) == []
     assert inert.notebook(nb) == nb, "an inert notebook is made inert unchanged"
 
@@ -343,16 +343,16 @@ def test_terminal_keeps_newlines_and_ordinary_text():
     assert inert.terminal(ordinary) == ordinary
 
 
-def hostile_result() -> grade.Result:
-    return grade.Result(
+def hostile_result() -> base.Result:
+    return base.Result(
         "ada\x1b]0;pwned\x07", "01-tokens", "graded", 0, 13,
-        [grade.LostPoints("test_a\x1b[2K", 0, 13, "AssertionError: no\x1bM\x1b[2K\rada  01-tokens  13 / 13")],
+        [base.LostPoints("test_a\x1b[2K", 0, 13, "AssertionError: no\x1bM\x1b[2K\rada  01-tokens  13 / 13")],
         cell_errors=["tokenizer: \x1b]52;c;cHduZWQ=\x07Error"], review=["\x1b[?1049hline 1: runs other programs"],
         log="/tmp/\u202elog")
 
 
 def test_the_table_has_no_control_characters_and_its_columns_line_up():
-    table = grade.format_table([hostile_result(), grade.Result("bob", "01-tokens", "graded", 13, 13)])
+    table = reports.format_table([hostile_result(), base.Result("bob", "01-tokens", "graded", 13, 13)])
     assert not inert.CONTROL.search(table.replace("\n", ""))
     lines = table.splitlines()
     assert lines[1].startswith("ada\\x1b]0;pwned\\x07  01-tokens  0 / 13")
@@ -361,7 +361,7 @@ def test_the_table_has_no_control_characters_and_its_columns_line_up():
 
 
 def test_warnings_show_controls_as_text(capsys):
-    grade.warn("ignored /class/\x1b[2Kbob: not a plain student id")
+    base.warn("ignored /class/\x1b[2Kbob: not a plain student id")
     assert capsys.readouterr().err == "minigpt-grade: ignored /class/\\x1b[2Kbob: not a plain student id\n"
 
 
@@ -385,11 +385,11 @@ def test_csv_cells(value, kept):
 
 
 def test_grades_csv_holds_no_formula(tmp_path):
-    r = grade.Result("ada", "01-tokens", "graded", 0, 13, review=['=HYPERLINK("https://evil.example")&T(", line 1: '
+    r = base.Result("ada", "01-tokens", "graded", 0, 13, review=['=HYPERLINK("https://evil.example")&T(", line 1: '
                                                                "runs other programs: !ls"],
                      detail="-1+1", isolation="sandbox")
-    ws = grade.Workspace(tmp_path, tmp_path)
-    grade.write_reports(ws, [r])
+    ws = workspace.Workspace(tmp_path, tmp_path)
+    reports.write_reports(ws, [r])
     rows = list(csv.reader(io.StringIO((tmp_path / "grades.csv").read_text())))
     row = dict(zip(rows[0], rows[1]))
     assert row["review"].startswith("'=HYPERLINK(") and row["detail"] == "'-1+1"

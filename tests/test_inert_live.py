@@ -24,7 +24,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import grade
+from autograder import intake, reports, scoring
+from autograder.base import Submission
+from autograder.workspace import Workspace, autograded_path, nbgrader_steps
 from test_grading_tool import CHAPTER, demo_notebook
 
 pytestmark = pytest.mark.slow
@@ -71,30 +73,30 @@ def learner_markdown() -> str:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     """A workspace in which "ada" and "control" handed in the demo chapter with the payloads in a markdown cell: ada's
-    notebook recorded by grade.record (the autograded notebook the formgrader shows) and her feedback made by
-    grade.write_feedback; control's the same, then put back as it was before cleaning, and its feedback made from
+    notebook recorded by scoring.record (the autograded notebook the formgrader shows) and her feedback made by
+    reports.write_feedback; control's the same, then put back as it was before cleaning, and its feedback made from
     that by the same nbgrader command."""
     required_tools()
     base = tmp_path_factory.mktemp("inert-live")
     course = base / "course"
     (course / "solutions" / CHAPTER).mkdir(parents=True)
     nbformat.write(demo_notebook(), course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
-    ws = grade.Workspace(base / "ws", course)
+    ws = Workspace(base / "ws", course)
     ws.open([CHAPTER], fresh=True, verbose=False)
     done = []
     for student in ("ada", "control"):
         nb = ws.released(CHAPTER)
         nb.cells.insert(1, nbformat.v4.new_markdown_cell(learner_markdown()))
         data = nbformat.writes(nb).encode()
-        s = grade.Submission(student, CHAPTER, base / f"{student}.ipynb")
-        prepared = grade.sanitize(grade.read_notebook(data), ws, s)
-        grade.record(ws, s, prepared, data)
+        s = Submission(student, CHAPTER, base / f"{student}.ipynb")
+        prepared = intake.sanitize(intake.read_notebook(data), ws, s)
+        scoring.record(ws, s, prepared, data)
         done.append(s)
-    grade.write_feedback(ws, done, verbose=False)
-    raw = grade.sanitize(grade.read_notebook(data), ws, s)  # control's (nbgrader's own sanitizing keeps markdown)
-    nbformat.write(raw, grade.autograded_path(ws.root, "control", CHAPTER))
+    reports.write_feedback(ws, done, verbose=False)
+    raw = intake.sanitize(intake.read_notebook(data), ws, s)  # control's (nbgrader's own sanitizing keeps markdown)
+    nbformat.write(raw, autograded_path(ws.root, "control", CHAPTER))
     nbformat.write(raw, ws.root / "feedback-source" / "control" / CHAPTER / f"{CHAPTER}.ipynb")
-    [(code, output)] = grade.nbgrader_steps(ws.root, [["generate_feedback", CHAPTER, "--force", "--student", "control",
+    [(code, output)] = nbgrader_steps(ws.root, [["generate_feedback", CHAPTER, "--force", "--student", "control",
                                                        "--CourseDirectory.autograded_directory=feedback-source"]])
     assert code == 0, output
     return ws.root
@@ -227,20 +229,21 @@ TABLE_PROGRAM = """\
 import sys
 from pathlib import Path
 
-from autograder import grade, inert
+from autograder import inert, reports
+from autograder.base import LostPoints, Result
 
 if sys.argv[1] == "raw":
     inert.terminal = lambda text: text  # the table as it would be printed without the grader's escaping
 results = [
-    grade.Result("ada", "01-tokens", "graded", 0, 13, [
-        grade.LostPoints("test_pre_split", 0, 3, "AssertionError: wrong\\x1bM\\x1b[2K\\rada       01-tokens  13 / 13"),
-        grade.LostPoints("test_bpe_merge", 0, 5, "ValueError: no\\x1b]0;pwned\\x07"),
-        grade.LostPoints("test_decode\\x1b[2K", 0, 5, "KeyError: 50257\\x1b]52;c;MTMgLyAxMw==\\x07"),
+    Result("ada", "01-tokens", "graded", 0, 13, [
+        LostPoints("test_pre_split", 0, 3, "AssertionError: wrong\\x1bM\\x1b[2K\\rada       01-tokens  13 / 13"),
+        LostPoints("test_bpe_merge", 0, 5, "ValueError: no\\x1b]0;pwned\\x07"),
+        LostPoints("test_decode\\x1b[2K", 0, 5, "KeyError: 50257\\x1b]52;c;MTMgLyAxMw==\\x07"),
     ], cell_errors=["tokenizer: NameError: name 'x' is not defined\\r\\x1b[2K"],
        review=["pre_split, line 1: runs other programs: !ls\\x1b[?1049h"]),
-    grade.Result("bob\\x1b[1A\\x1b[2K", "01-tokens", "graded", 13, 13),
+    Result("bob\\x1b[1A\\x1b[2K", "01-tokens", "graded", 13, 13),
 ]
-print(grade.format_table(results), flush=True)
+print(reports.format_table(results), flush=True)
 if len(sys.argv) > 2:
     Path(sys.argv[2]).touch()
 """
@@ -285,7 +288,7 @@ def test_the_table_in_a_terminal_shows_the_true_score_and_every_line(tmp_path):
     from autograder import inert
 
     required_tools()
-    root = Path(grade.__file__).resolve().parents[1]
+    root = Path(intake.__file__).resolve().parents[1]
     program = tmp_path / "table.py"
     program.write_text(TABLE_PROGRAM)
     python = f"cd {root} && PYTHONPATH={root} {sys.executable} {program}"

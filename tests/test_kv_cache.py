@@ -422,7 +422,7 @@ def test_hidden_checks_pass_on_the_reference(grade_id, args):
 def test_the_learner_side_builds_the_checks_models_without_this_chapter():
     """The helpers run in chapter 7's sandbox, where minigpt.kv_cache cannot be imported; the GPT and the attention
     layer they build there hold the weights of the judge's, built from the same recipes."""
-    from autograder.grade import blocked_modules
+    from autograder.run import blocked_modules
 
     shape, case = "b", checks.ATTENTION_CASES[1]
     n_embd, n_head, batch, chunks = case[:4]

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from autograder import release
-from autograder.grade import DEFAULT_COURSE_ROOT as ROOT
+from autograder.base import DEFAULT_COURSE_ROOT as ROOT
 from minigpt import CHAPTERS
 
 pytestmark = pytest.mark.slow

@@ -290,7 +290,7 @@ def test_hidden_checks_pass_the_reference(grade_id, names):
 def test_the_learner_side_builds_the_beam_models_without_this_chapter():
     """The helpers run in chapter 6's sandbox, where minigpt.samplers cannot be imported. The GPT they build holds
     the weights of the judge's Hugging Face model, and a generator they make draws as one seeded here does."""
-    from autograder.grade import blocked_modules
+    from autograder.run import blocked_modules
 
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('06-samplers')!r}))\n"
             "import torch\n"

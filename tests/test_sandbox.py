@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import grade, sandbox
+from autograder import run, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.missing() is not None, reason=f"no sandbox here: {sandbox.missing()}")
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +85,13 @@ def report(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     (run_dir / "in").mkdir()
     (run_dir / "sock").mkdir()
-    blocked = grade.blocked_modules("01-tokens")
+    blocked = run.blocked_modules("01-tokens")
     sandbox.prepare(run_dir, "01-tokens", blocked)
     server = socket.create_server(("127.0.0.1", 0))
-    secrets = [str(ROOT / "solutions"), str(ROOT / "autograder" / "checks"), str(ROOT / ".git"),
-               str(ROOT / "tests"), str(ROOT / "autograder" / "judge.py"), str(ROOT / "autograder" / "grade.py"),
-               "/etc/shadow", str(run_dir), str(tmp_path_factory.getbasetemp())]
+    secrets = [str(ROOT / "solutions"), str(ROOT / ".git"), str(ROOT / "tests"), "/etc/shadow", str(run_dir),
+               str(tmp_path_factory.getbasetemp())]
+    # every part of the grader's side: the judge, the checks, intake, scoring, reports, the workspace's code
+    secrets += [str(p) for p in (ROOT / "autograder").iterdir() if p.name not in sandbox.SANDBOX_SIDE + ("__pycache__",)]
     # the home folder's files (this machine's Python may live under it: only that is in view)
     secrets += [str(p) for p in Path.home().iterdir() if not str(sys.base_prefix).startswith(str(p))]
     limits = sandbox.Limits(memory=2 << 30, timeout=120)

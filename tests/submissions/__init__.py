@@ -120,7 +120,7 @@ def learner_namespace(chapter: str, cells: dict[str, str]) -> dict:
     """The globals of the learner notebook after its own cells ran in this process (imports, given code,
     solution cells filled with `cells`): what the hidden tests see. As in the grading sandbox, the reference
     modules of this chapter and later ones cannot be imported meanwhile."""
-    from autograder.grade import blocked_modules
+    from autograder.run import blocked_modules
 
     namespace: dict = {}
     blocked = {name: sys.modules.get(name) for name in blocked_modules(chapter)}

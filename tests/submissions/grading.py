@@ -21,20 +21,20 @@ from typing import Callable
 import nbformat
 import pytest
 
-from autograder import grade
+from autograder import base, grade, intake, workspace
 
 from . import apply_edits, learner_notebook, run_hidden_tests, solution_ids
 
 
-def lost_cells(result: grade.Result) -> dict[str, str]:
+def lost_cells(result: base.Result) -> dict[str, str]:
     return {lp.grade_id: lp.message for lp in result.lost}
 
 
-def summary(result: grade.Result) -> str:
+def summary(result: base.Result) -> str:
     """What a failing test prints of a result: its score and lost cells, or why it has no score."""
     if result.status != "graded":
         log = Path(result.log).read_text(errors="replace") if result.log and Path(result.log).is_file() else ""
-        return f"{result.status}: {result.detail}\n  nbgrader's log ends:\n{grade.log_tail(log, 25)}"
+        return f"{result.status}: {result.detail}\n  nbgrader's log ends:\n{workspace.log_tail(log, 25)}"
     return f"{result.score} / {result.max_score}:\n" + "\n".join(
         f"  {lp.grade_id}: {lp.message}" for lp in result.lost)
 
@@ -63,7 +63,7 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
         return notebooks
 
     @pytest.fixture(scope="module")
-    def results(tmp_path_factory) -> dict[str, grade.Result]:
+    def results(tmp_path_factory) -> dict[str, base.Result]:
         """The whole class, graded in one run."""
         class_dir = tmp_path_factory.mktemp("class")
         notebooks = submissions()
@@ -71,9 +71,9 @@ def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[s
         for student, nb in notebooks.items():
             (class_dir / student).mkdir()
             nbformat.write(nb, class_dir / student / f"{chapter}.ipynb")
-        subs = grade.class_submissions(class_dir, [chapter], grade.course_chapters(grade.DEFAULT_COURSE_ROOT))
+        subs = intake.class_submissions(class_dir, [chapter], intake.course_chapters(base.DEFAULT_COURSE_ROOT))
         start = time.monotonic()
-        graded = grade.grade(subs, grade.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
+        graded = grade.grade(subs, base.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
         print(f"graded {len(subs)} submissions of {chapter} in {time.monotonic() - start:.0f} s")
         return {r.student: r for r in graded}
 
