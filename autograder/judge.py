@@ -295,7 +295,7 @@ class SocketSession(Session):
         self.sock.settimeout(left)
         try:
             wire.send(self.sock, message)
-            return wire.receive(self.sock)
+            return wire.receive(self.sock, self.deadline)
         except (OSError, EOFError, wire.WireError) as err:  # socket.timeout is an OSError
             raise SessionLost(_lost_reason(err)) from None
 
@@ -609,7 +609,7 @@ class RunJudge:
     def _session(self, conn: socket.socket) -> None:
         conn.settimeout(HELLO_TIMEOUT)
         try:
-            hello = wire.receive(conn)
+            hello = wire.receive(conn, time.monotonic() + HELLO_TIMEOUT)
         except (OSError, EOFError, wire.WireError):
             return
         if "executed" in hello:

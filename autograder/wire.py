@@ -6,10 +6,18 @@ reaches the judge: containers are read with the base class's own methods (a ``li
 is always true arrives as a plain list), and an object that is not plain data stays in the sandbox and crosses
 as a reference (``{"$": "ref", "id": 3, "type": "Tokenizer"}``) that the judge can only ask questions of.
 
-The reading side trusts nothing it reads: sizes, depths and dtypes are checked, and a message that breaks a rule
-is refused whole (``WireError``).
+The reading side trusts nothing it reads, and one message may cost the judge neither much time nor much memory:
+every number that says how big something is gets checked before any arithmetic is done with it (a tensor's
+dimensions, at most ``MAX_DIMS``, and its sizes, multiplied one at a time; a big int's digits; a namedtuple's
+fields), and a message has one budget for all its values, numbers and bytes of data, and namedtuple classes. A
+set or dict of values forged to share one hash is refused too (building it would take quadratic time). A message
+that breaks a rule is refused whole, and with ``WireError`` only, whatever numpy, torch or Python would have
+raised for it: a malformed reply is the sender's fault, never the reader's.
 
-Messages on a socket are framed as an 8-byte length and that many bytes of UTF-8 JSON.
+Messages on a socket are framed as an 8-byte length and that many bytes of UTF-8 JSON. ``receive`` takes a
+deadline for the whole message (not for each ``recv``: a sender that drips a byte at a time cannot stretch it),
+bounds the values the JSON may hold before parsing it, and hands back only valid Unicode (JSON's escapes can
+spell lone surrogates, which no UTF-8 file can hold: they become U+FFFD).
 """
 from __future__ import annotations
 
@@ -17,17 +25,36 @@ import base64
 import collections
 import functools
 import json
+import keyword
 import math
+import re
 import socket
 import struct
+import time
 
 MAX_MESSAGE = 64 * 1024 * 1024  # bytes of one message
 MAX_DEPTH = 40
 MAX_ITEMS = 2_000_000  # values in one message, nested ones included
+MAX_NUMBERS = 8 * MAX_ITEMS  # numbers in the tensors and arrays of one message
+MAX_BYTES = MAX_MESSAGE // 4 * 3  # bytes of data (bytes, tensors, arrays) in one message: what its base64 can hold
+MAX_DIMS = 32  # dimensions of one tensor or array (the course's have at most 5; torch refuses more than 64)
+MAX_INT_DIGITS = 4000  # digits of one int (Python refuses to read an int of more than 4300)
+MAX_FIELDS = 64  # fields of a namedtuple that crosses as one (a longer one arrives as a plain tuple)
+MAX_FIELD_NAME = 64  # characters of one field name
+MAX_RECORD_TYPES = 32  # namedtuple field sets in one message: each is a class to build
+MAX_SAME_HASH = 8  # values of one set or dict sharing one hash
 MAX_REPR = 200
 TENSOR_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
                  "complex64", "complex128")
 NUMPY_KINDS = "biufc"  # bool, int, unsigned, float, complex: the numpy dtypes that are plain numbers
+_INT_LIMIT = 10 ** MAX_INT_DIGITS
+# Not \d, which matches every script's digits, nor int()'s spaces and underscores.
+_INT_TEXT = re.compile(rf"-?[0-9]{{1,{MAX_INT_DIGITS}}}")
+# What encode writes for a numpy dtype (its .str); np.dtype() of other text may raise TypeError, ValueError,
+# SyntaxError or a warning.
+_NUMPY_DTYPE = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class WireError(Exception):
@@ -58,15 +85,33 @@ def safe_repr(obj, limit: int = MAX_REPR) -> str:
 
 
 class _Budget:
-    def __init__(self):
-        self.items = 0
+    """What one message has spent so far; past a limit, ``error`` (``Unsendable`` when the learner's side encodes,
+    ``WireError`` when the judge decodes)."""
+
+    def __init__(self, error: type[WireError]):
+        self.error = error
+        self.items = self.numbers = self.bytes = 0
+        self.records: set[tuple[str, ...]] = set()
 
     def spend(self, depth: int) -> None:
         self.items += 1
         if self.items > MAX_ITEMS:
-            raise Unsendable(f"a value with more than {MAX_ITEMS:,} parts")
+            raise self.error(f"a value with more than {MAX_ITEMS:,} parts")
         if depth > MAX_DEPTH:
-            raise Unsendable(f"a value nested more than {MAX_DEPTH} deep")
+            raise self.error(f"a value nested more than {MAX_DEPTH} deep")
+
+    def data(self, numbers: int, nbytes: int) -> None:
+        self.numbers += numbers
+        self.bytes += nbytes
+        if self.numbers > MAX_NUMBERS:
+            raise self.error(f"a value with more than {MAX_NUMBERS:,} numbers in its tensors and arrays")
+        if self.bytes > MAX_BYTES:
+            raise self.error(f"a value with more than {MAX_BYTES:,} bytes of data")
+
+    def record(self, fields: tuple[str, ...]) -> None:
+        self.records.add(fields)
+        if len(self.records) > MAX_RECORD_TYPES:
+            raise self.error(f"a value with more than {MAX_RECORD_TYPES} kinds of namedtuple")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -76,7 +121,7 @@ class _Budget:
 def encode(value, refer=None):
     """``value`` as JSON-able data. ``refer(obj) -> dict`` turns an object that is not plain data into a
     reference; without it such an object is an error."""
-    return _encode(value, refer, _Budget(), 0)
+    return _encode(value, refer, _Budget(Unsendable), 0)
 
 
 def _encode(x, refer, budget: _Budget, depth: int):
@@ -85,7 +130,11 @@ def _encode(x, refer, budget: _Budget, depth: int):
     if x is None or t is bool or t is str:
         return x
     if t is int:
-        return x if abs(x) < 2 ** 63 else {"$": "int", "v": str(x)}
+        if abs(x) < 2 ** 63:
+            return x
+        if not -_INT_LIMIT < x < _INT_LIMIT:  # before str(x), which raises past 4300 digits
+            raise Unsendable(f"an int of more than {MAX_INT_DIGITS:,} digits")
+        return {"$": "int", "v": str(x)}
     if t is float:
         return x if math.isfinite(x) else {"$": "float", "v": repr(x)}
     if t is list:
@@ -101,6 +150,7 @@ def _encode(x, refer, budget: _Budget, depth: int):
         return str.__add__("", x)
     if isinstance(x, (bytes, bytearray)):
         raw = bytes.__add__(b"", x) if isinstance(x, bytes) else bytes(bytearray.__iter__(x))
+        budget.data(0, len(raw))
         return {"$": "bytes" if isinstance(x, bytes) else "bytearray", "v": base64.b64encode(raw).decode()}
     if isinstance(x, list):
         return [_encode(list.__getitem__(x, i), refer, budget, depth + 1) for i in range(list.__len__(x))]
@@ -109,6 +159,7 @@ def _encode(x, refer, budget: _Budget, depth: int):
         out = {"$": "tuple", "v": items}
         fields = getattr(t, "_fields", None)  # a namedtuple keeps its field names
         if isinstance(fields, tuple) and all(type(f) is str for f in fields) and len(fields) == len(items):
+            budget.record(fields)
             out["fields"] = list(fields)
         if type_name(x) == "torch.Size":
             out = {"$": "size", "v": items}
@@ -144,10 +195,7 @@ def _encode_array(x, budget: _Budget):
         array = np.asarray(x)
         if array.dtype.kind not in NUMPY_KINDS:
             raise Unsendable(f"a numpy array of dtype {array.dtype}, which is not plain numbers")
-        budget.items += array.size
-        if budget.items > MAX_ITEMS * 8:
-            raise Unsendable(f"an array of {array.size:,} numbers")
-        array = np.ascontiguousarray(array)
+        budget.data(array.size, array.nbytes)
         return {"$": "ndarray" if isinstance(x, np.ndarray) else "npscalar", "dtype": array.dtype.str,
                 "shape": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
     return None
@@ -167,9 +215,7 @@ def _encode_tensor(torch, x, budget: _Budget):
         requires_grad = bool(T.requires_grad.__get__(x))
         grad_fn = T.grad_fn.__get__(x)
         data = T.contiguous(T.cpu(T.detach(x)))
-        budget.items += T.numel(data)
-        if budget.items > MAX_ITEMS * 8:
-            raise Unsendable(f"a tensor of {T.numel(data):,} numbers")
+        budget.data(T.numel(data), T.numel(data) * T.element_size(data))
         shape = [int(s) for s in T.size(data)]
         raw = T.numpy(T.view(data, torch.int16)).tobytes() if name == "bfloat16" else T.numpy(data).tobytes()
     except Unsendable:
@@ -190,14 +236,11 @@ def _encode_tensor(torch, x, budget: _Budget):
 def decode(data, resolve=None):
     """The value that ``data`` (JSON, as ``encode`` wrote it) stands for. ``resolve(tagged) -> object`` gives
     the object of a reference; without it a reference is an error."""
-    return _decode(data, resolve, _Budget(), 0)
+    return _decode(data, resolve, _Budget(WireError), 0)
 
 
 def _decode(d, resolve, budget: _Budget, depth: int):
-    try:
-        budget.spend(depth)
-    except Unsendable as err:
-        raise WireError(str(err)) from None
+    budget.spend(depth)
     if d is None or isinstance(d, (bool, int, float, str)):
         return d
     if isinstance(d, list):
@@ -209,32 +252,27 @@ def _decode(d, resolve, budget: _Budget, depth: int):
         items = [_decode(v, resolve, budget, depth + 1) for v in _list(d, "v")]
         if tag == "tuple":
             fields = d.get("fields")
-            if isinstance(fields, list) and len(fields) == len(items) and all(
-                    isinstance(f, str) and f.isidentifier() and not f.startswith("_") for f in fields):
-                return _namedtuple(tuple(fields))(*items)
-            return tuple(items)
+            if not _record_fields(fields, len(items)):
+                return tuple(items)
+            budget.record(tuple(fields))
+            return _namedtuple(tuple(fields))(*items)
         if tag == "size":
-            import torch
-            return torch.Size(_ints(items))
-        return set(items) if tag == "set" else frozenset(items)
+            return _size(items)
+        return _hashed(set if tag == "set" else frozenset, items, f"{tag} element")
     if tag == "dict":
-        out = {}
+        pairs = []
         for pair in _list(d, "v"):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise WireError("a dict entry that is not a pair")
-            key = _decode(pair[0], resolve, budget, depth + 1)
-            try:
-                out[key] = _decode(pair[1], resolve, budget, depth + 1)
-            except TypeError:
-                raise WireError(f"a dict key that cannot be a key: {type(key).__name__}") from None
-        return out
+            pairs.append((_decode(pair[0], resolve, budget, depth + 1), _decode(pair[1], resolve, budget, depth + 1)))
+        return _hashed(dict, pairs, "dict key", key=lambda pair: pair[0])
     if tag in ("bytes", "bytearray"):
-        raw = _b64(d)
+        raw = _b64(d, "v", None, budget)
         return raw if tag == "bytes" else bytearray(raw)
     if tag == "int":
         text = d.get("v")
-        if not isinstance(text, str) or len(text) > 10_000:
-            raise WireError("a malformed big int")
+        if not isinstance(text, str) or len(text) > MAX_INT_DIGITS + 1 or not _INT_TEXT.fullmatch(text):
+            raise WireError(f"a malformed int (at most {MAX_INT_DIGITS:,} digits)")
         return int(text)
     if tag == "float":
         if d.get("v") not in ("nan", "inf", "-inf"):
@@ -247,7 +285,7 @@ def _decode(d, resolve, budget: _Budget, depth: int):
     if tag == "dtype":
         import torch
         if d.get("v") not in TENSOR_DTYPES:
-            raise WireError(f"an unknown dtype {d.get('v')!r}")
+            raise WireError(f"an unknown dtype {_short(d.get('v'))}")
         return getattr(torch, d["v"])
     if tag == "device":
         import torch
@@ -256,18 +294,61 @@ def _decode(d, resolve, budget: _Budget, depth: int):
             raise WireError("a malformed device")
         try:
             return torch.device(text)
-        except (RuntimeError, TypeError):
+        except (RuntimeError, TypeError, ValueError):
             raise WireError(f"an unknown device {text!r}") from None
     if tag == "ref":
         if resolve is None:
             raise WireError("a reference where only plain data may come")
         return resolve(d)
-    raise WireError(f"an unknown tag {tag!r}")
+    raise WireError(f"an unknown tag {_short(tag)}")
 
 
-@functools.cache
+def _short(value) -> str:
+    """A piece of a malformed message, for an error message: never long."""
+    return safe_repr(value, 60)
+
+
+def _record_fields(fields, n: int) -> bool:
+    """Whether ``fields`` can name the ``n`` items of a namedtuple; a tuple subclass of the learner's may carry
+    any ``_fields``, and such a tuple crosses as a plain one."""
+    return (isinstance(fields, list) and len(fields) == n <= MAX_FIELDS
+            and all(isinstance(f, str) and len(f) <= MAX_FIELD_NAME and f.isascii() and f.isidentifier()
+                    and not f.startswith("_") and not keyword.iskeyword(f) for f in fields)
+            and len(set(fields)) == n)
+
+
+@functools.lru_cache(maxsize=4 * MAX_RECORD_TYPES)  # bounded: each field set a message brings is a new class
 def _namedtuple(fields: tuple[str, ...]):
     return collections.namedtuple("Record", fields)
+
+
+def _hashed(build, items: list, noun: str, key=lambda item: item):
+    """``build(items)`` (a set, frozenset or dict) once its keys are known to hash, and not to have been forged to
+    share one hash: n such keys would cost n² comparisons to build."""
+    counts = collections.Counter()
+    for item in items:
+        try:
+            counts[hash(key(item))] += 1
+        except TypeError:
+            raise WireError(f"a {noun} that cannot be a key: {type(key(item)).__name__}") from None
+    if counts and max(counts.values()) > MAX_SAME_HASH:
+        raise WireError(f"more than {MAX_SAME_HASH} {noun}s with the same hash")
+    try:
+        return build(items)
+    except (TypeError, ValueError, RuntimeError) as err:  # keys of one hash are compared, and a tensor may refuse
+        raise WireError(f"{noun}s that cannot be compared ({type(err).__name__})") from None
+
+
+def _size(items: list):
+    import torch
+
+    if len(items) > MAX_DIMS or not all(type(v) is int and 0 <= v < 2 ** 63 for v in items):
+        raise WireError(f"a torch.Size that is not a list of at most {MAX_DIMS} sizes")
+    return torch.Size(items)
+
+
+_WHAT = {"tensor": "a tensor", "ndarray": "an array", "npscalar": "a numpy scalar", "bytes": "a bytes",
+         "bytearray": "a bytearray"}
 
 
 def _list(d: dict, key: str) -> list:
@@ -277,44 +358,69 @@ def _list(d: dict, key: str) -> list:
     return v
 
 
-def _ints(values) -> list[int]:
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise WireError("a shape that is not a list of sizes")
-    return list(values)
+def _shape(d: dict) -> tuple[list[int], int]:
+    """A tensor's or array's shape and number of elements, each size checked before any arithmetic: a list of
+    800,000 sizes would hold the GIL for seconds in math.prod."""
+    shape = _list(d, "shape")
+    if len(shape) > MAX_DIMS:
+        raise WireError(f"{_WHAT[d['$']]} of {len(shape):,} dimensions (at most {MAX_DIMS})")
+    if not all(type(s) is int and 0 <= s <= MAX_NUMBERS for s in shape):
+        raise WireError(f"{_WHAT[d['$']]} whose shape is not a list of sizes")
+    if 0 in shape:
+        return shape, 0
+    numel = 1
+    for s in shape:
+        numel *= s
+        if numel > MAX_NUMBERS:
+            raise WireError(f"{_WHAT[d['$']]} of shape {shape}: more than {MAX_NUMBERS:,} numbers")
+    return shape, numel
 
 
-def _b64(d: dict) -> bytes:
-    v = d.get("data", d.get("v"))
-    if not isinstance(v, str):
-        raise WireError(f"{d.get('$')}: no data")
+def _b64(d: dict, key: str, size: int | None, budget: _Budget) -> bytes:
+    """The bytes that ``d[key]`` holds in base64, ``size`` of them if given: their number checked, and charged to
+    the message's budget, before they are decoded."""
+    text = d.get(key)
+    if not isinstance(text, str):
+        raise WireError(f"{_WHAT[d['$']]} without data")
+    if size is not None and len(text) != 4 * -(-size // 3):
+        raise WireError(f"{_WHAT[d['$']]} of shape {d['shape']} without its {size:,} bytes of data")
+    budget.data(0, len(text) // 4 * 3)
     try:
-        return base64.b64decode(v, validate=True)
+        raw = base64.b64decode(text, validate=True)
     except ValueError:
-        raise WireError(f"{d.get('$')}: data that is not base64") from None
+        raise WireError(f"{_WHAT[d['$']]} whose data is not base64") from None
+    except MemoryError:
+        raise WireError(f"{_WHAT[d['$']]} of {len(text):,} characters of base64, more than this machine can hold "
+                        "now") from None
+    if size is not None and len(raw) != size:
+        raise WireError(f"{_WHAT[d['$']]} of shape {d['shape']} with {len(raw):,} bytes of data, not {size:,}")
+    return raw
+
+
+def _array(raw: bytes, dtype, shape: list[int]):
+    """A writable numpy array of ``shape`` over a copy of ``raw``."""
+    import numpy as np
+
+    try:
+        return np.frombuffer(raw, dtype=dtype).copy().reshape(shape)
+    except MemoryError:
+        raise WireError(f"an array of {len(raw):,} bytes, more than this machine can hold now") from None
 
 
 def _decode_tensor(d: dict, budget: _Budget):
-    import numpy as np
     import torch
 
     name = d.get("dtype")
     if name not in TENSOR_DTYPES:
-        raise WireError(f"a tensor of unknown dtype {name!r}")
-    shape = _ints(_list(d, "shape"))
-    raw = _b64(d)
-    numel = math.prod(shape)
-    budget.items += numel
-    if budget.items > MAX_ITEMS * 8:
-        raise WireError(f"a tensor of {numel:,} numbers")
+        raise WireError(f"a tensor of unknown dtype {_short(name)}")
     dtype = getattr(torch, name)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(raw) != numel * itemsize:
-        raise WireError(f"a tensor of shape {shape} with {len(raw)} bytes of data")
-    if name == "bfloat16":
-        t = torch.from_numpy(np.frombuffer(raw, dtype=np.int16).copy()).view(torch.bfloat16)
+    shape, numel = _shape(d)
+    budget.data(numel, 0)
+    raw = _b64(d, "data", numel * dtype.itemsize, budget)
+    if name == "bfloat16":  # numpy has no bfloat16: its bits cross as int16
+        t = torch.from_numpy(_array(raw, "int16", shape)).view(torch.bfloat16)
     else:
-        t = torch.from_numpy(np.frombuffer(raw, dtype=torch.empty((), dtype=dtype).numpy().dtype).copy())
-    t = t.reshape(shape)
+        t = torch.from_numpy(_array(raw, name, shape))
     if d.get("requires_grad") is True and (t.is_floating_point() or t.is_complex()):
         t.requires_grad_(True)
     return t
@@ -324,19 +430,17 @@ def _decode_ndarray(d: dict, budget: _Budget):
     import numpy as np
 
     text = d.get("dtype")
+    if not isinstance(text, str) or not _NUMPY_DTYPE.fullmatch(text):
+        raise WireError(f"an array of unknown dtype {_short(text)}")
     try:
-        dtype = np.dtype(text) if isinstance(text, str) and len(text) < 8 else None
-    except TypeError:
-        dtype = None
-    if dtype is None or dtype.kind not in NUMPY_KINDS:
-        raise WireError(f"an array of unknown dtype {text!r}")
-    shape = _ints(_list(d, "shape"))
-    raw = _b64(d)
-    numel = math.prod(shape)
-    budget.items += numel
-    if budget.items > MAX_ITEMS * 8 or len(raw) != numel * dtype.itemsize:
-        raise WireError(f"an array of shape {shape} with {len(raw)} bytes of data")
-    array = np.frombuffer(raw, dtype=dtype).copy().reshape(shape)
+        dtype = np.dtype(text)
+    except TypeError:  # "<f3", "|c1": the pattern's spelling, no dtype's
+        raise WireError(f"an array of unknown dtype {text!r}") from None
+    shape, numel = _shape(d)
+    if d["$"] == "npscalar" and shape:
+        raise WireError(f"a numpy scalar of shape {shape}")
+    budget.data(numel, 0)
+    array = _array(_b64(d, "data", numel * dtype.itemsize, budget), dtype, shape)
     return array if d["$"] == "ndarray" else array[()]
 
 
@@ -351,26 +455,70 @@ def send(sock: socket.socket, message: dict) -> None:
     sock.sendall(struct.pack(">Q", len(data)) + data)
 
 
-def receive(sock: socket.socket) -> dict:
-    """The next message; ``EOFError`` when the other side has closed, ``WireError`` for a malformed one."""
-    size = struct.unpack(">Q", _exactly(sock, 8))[0]
-    if size > MAX_MESSAGE:
-        raise WireError(f"a message of {size:,} bytes (the limit is {MAX_MESSAGE:,})")
+def receive(sock: socket.socket, deadline: float | None = None) -> dict:
+    """The next message; ``EOFError`` when the other side has closed, ``WireError`` for a malformed one.
+    ``deadline``: the ``time.monotonic()`` instant by which the whole message must have come (``TimeoutError``
+    after it), where without one each ``recv`` waits as long as the socket's timeout says."""
+    timeout = sock.gettimeout()
     try:
-        message = json.loads(_exactly(sock, size).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise WireError(f"a message that is not JSON ({err})") from None
+        size = struct.unpack(">Q", _exactly(sock, 8, deadline))[0]
+        if size > MAX_MESSAGE:
+            raise WireError(f"a message of {size:,} bytes (the limit is {MAX_MESSAGE:,})")
+        data = _exactly(sock, size, deadline)
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)
+    return _parse(data)
+
+
+def _exactly(sock: socket.socket, n: int, deadline: float | None) -> bytearray:
+    data = bytearray(n)  # one buffer: a reply dripped a byte per recv costs no object per byte
+    view, got = memoryview(data), 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the message did not come in time")
+            sock.settimeout(left)
+        count = sock.recv_into(view[got:])
+        if not count:
+            raise EOFError("the other side closed the connection")
+        got += count
+    return data
+
+
+def _parse(data: bytearray) -> dict:
+    """A message's JSON, its cost bounded before json.loads builds it: 64 MB of ``[],`` would be 21 million lists
+    (1.5 GB and 10 s, the GIL held). Each list and object opens with a bracket, and each value after the first of
+    its container follows a comma: counting them (a fast scan; those inside strings count too, which only errs
+    on the safe side) bounds what json.loads can build."""
+    if data.count(b"[") + data.count(b"{") > MAX_ITEMS or data.count(b",") > 2 * MAX_ITEMS:
+        raise WireError(f"a message of more than {MAX_ITEMS:,} lists and objects or {2 * MAX_ITEMS:,} values (its "
+                        "brackets and commas, counted in its strings too)")
+    try:
+        message = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError, MemoryError) as err:  # UnicodeDecodeError is a ValueError
+        raise WireError(f"a message that is not JSON, or too deep or large ({type(err).__name__}: "
+                        f"{str(err)[:200]})") from None
     if not isinstance(message, dict):
         raise WireError("a message that is not an object")
+    if _SURROGATE_ESCAPE.search(data):
+        _replace_surrogates(message)
     return message
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
-        if not chunk:
-            raise EOFError("the other side closed the connection")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+def _replace_surrogates(message: dict) -> None:
+    """Each lone surrogate in ``message``'s strings and keys (JSON's escapes can spell them; json joins the pairs
+    it meets) becomes U+FFFD, in place. Without recursion: json may have parsed a thousand levels."""
+    todo = [message]
+    while todo:
+        node = todo.pop()
+        for key, value in list(node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(value, str):
+                node[key] = _SURROGATE.sub("\ufffd", value)
+            elif isinstance(value, (list, dict)):
+                todo.append(value)
+        if isinstance(node, dict) and any(_SURROGATE.search(key) for key in node):
+            fixed = {_SURROGATE.sub("\ufffd", key): value for key, value in node.items()}
+            node.clear()
+            node.update(fixed)
