@@ -35,7 +35,7 @@ def check(grade_id: str, *objects) -> None:
         if address:
             serve(address, grade_id, objects)
         else:
-            from autograder.judge import judge_here  # trusted setting: the judge in this process
+            from autograder.trusted import judge_here  # the trusted setting: the judge in this process
 
             judge_here(grade_id, objects)
 
@@ -170,7 +170,9 @@ class Server:
         if op == "getitem":
             return target[args[0]]
         if op == "isinstance":
-            return isinstance(target, tuple(_type(name) for name in message["types"]))
+            from autograder.helpers import named_type
+
+            return isinstance(target, tuple(named_type(name) for name in message["types"]))
         if op == "release":
             for i in args:
                 self.objects.pop(i, None)
@@ -183,19 +185,6 @@ def _name(message: dict, key: str = "name") -> str:
     if not isinstance(name, str) or len(name) > 200:
         raise wire.WireError(f"a {key} that is not a short string")
     return name
-
-
-def _type(dotted: str):
-    """A type named by the judge, e.g. "torch.nn.Linear": imported here, in the sandbox."""
-    import importlib
-
-    module, _, name = _name({"name": dotted}).rpartition(".")
-    obj = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise wire.WireError(f"{dotted} is not a type")
-    return obj
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.base import Submission, UsageError, warn
-from autograder.run import valid_text
+from autograder.wire import make_valid
 from autograder.workspace import Workspace
 
 MAX_SUBMISSION = 20 * 1024 * 1024  # bytes of a notebook handed in
@@ -261,22 +261,13 @@ def read_notebook(data: bytes | Path) -> nbformat.NotebookNode | str:
     try:
         text = (data.read_bytes() if isinstance(data, Path) else data).decode("utf-8")
         if re.search(r"\\u[dD][89a-fA-F]", text):  # a lone surrogate parses, and then nothing can write it
-            text = json.dumps(_valid(json.loads(text)))
+            data = json.loads(text)
+            make_valid(data)
+            text = json.dumps(data)
         return nbformat.reads(text, as_version=4)
     except Exception as e:  # noqa: BLE001 (any way of not being a notebook)
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         return f"not a notebook ({reason[:300]})"
-
-
-def _valid(data):
-    """JSON data with every string made valid Unicode (``run.valid_text``)."""
-    if isinstance(data, str):
-        return valid_text(data)
-    if isinstance(data, list):
-        return [_valid(v) for v in data]
-    if isinstance(data, dict):
-        return {valid_text(k): _valid(v) for k, v in data.items()}
-    return data
 
 
 def wrong_chapter(nb: nbformat.NotebookNode, released: dict[str, str], others: dict[str, set[str]]) -> str | None:

@@ -11,8 +11,8 @@ Two ways to move the requests:
 
 - ``RunJudge``: for one notebook graded in a sandbox, a Unix socket the hidden cells connect to, one test cell
   after the other; the verdicts stay in this process (``minigpt-grade``).
-- ``judge_here``: in the same process as the learner's code (plain ``nbgrader autograde``, the course's tests):
-  a trusted setting, through the same plain data.
+- ``autograder.trusted.judge_here``: in the same process as the learner's code (plain ``nbgrader autograde``, the
+  course's tests): a trusted setting, through the same plain data.
 
 Checks must not share state between threads (several notebooks are judged at once): randomness comes from
 explicit generators or from ``seeded`` (which holds a lock), never from torch's global generator unlocked.
@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import json
 import logging
 import socket
 import threading
@@ -153,9 +152,9 @@ def is_instance(obj, *type_names: str) -> bool:
     """isinstance(obj, one of the types named "module.Name"), asked where the object lives."""
     if isinstance(obj, Remote):
         return bool(obj._session.request("isinstance", obj, types=list(type_names)))
-    from autograder.hidden import _type
+    from autograder.helpers import named_type
 
-    return isinstance(obj, tuple(_type(n) for n in type_names))
+    return isinstance(obj, tuple(named_type(n) for n in type_names))
 
 
 def set_attr(obj, name: str, value) -> None:
@@ -268,19 +267,6 @@ def _refer(obj) -> dict:
     if isinstance(obj, Remote):
         return {"$": "ref", "id": obj._id}
     raise wire.Unsendable(f"a {type(obj).__name__} of the grader's (only plain data and stand-ins can be sent)")
-
-
-class LocalSession(Session):
-    """The learner's objects in this very process (trusted): each request and answer still goes through JSON."""
-
-    def __init__(self, objects: tuple):
-        super().__init__()
-        from autograder.hidden import Server
-
-        self.server = Server(objects)
-
-    def exchange(self, message: dict) -> dict:
-        return json.loads(json.dumps(self.server.answer(json.loads(json.dumps(message)))))
 
 
 class SocketSession(Session):
@@ -525,25 +511,6 @@ def judge(session: Session, grade_id: str, objects: list, verdicts: dict[str, Ve
         total = sum(p.weight for p in parts)
         message = "\n".join(f"[{p.name}: {p.weight:g} of {total:g}] {p.message}" for p in failed)
     return Verdict(grade_id, status, message, time.monotonic() - start, parts)
-
-
-# The trusted setting: the judge in the learner's process.
-_here: dict[str, Verdict] = {}
-
-
-def judge_here(grade_id: str, objects: tuple) -> None:
-    """Judge a test cell in this process; an AssertionError with the message if it fails."""
-    session = LocalSession(objects)
-    stand_ins = [session.remote(session.server.describe(i)) for i in range(len(objects))]
-    verdict = judge(session, grade_id, stand_ins, _here)
-    _here[grade_id] = verdict
-    if not verdict.passed:
-        raise AssertionError(verdict.message)
-
-
-def forget_here() -> None:
-    """Forget the verdicts of ``judge_here`` (a new notebook in the same process)."""
-    _here.clear()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pathlib import Path
 import nbformat
 
 from autograder import sandbox
+from autograder.wire import valid_text
 
 HIDDEN_BLOCK = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.S | re.M)
 # What a notebook may show in the autograded copy and the feedback: text and pictures, never HTML or scripts
@@ -42,7 +43,6 @@ OUTPUTS_MAX_TOTAL = 8_000_000  # characters of all the outputs of one notebook t
 JUDGE_MEMORY = 4 << 30  # bytes a judge process may add to the fork server's address space
 REPLY_MAX = 64 << 20  # bytes of a judge process's one message back
 GRACE = 60  # seconds a judge process gets past its notebook's time limit (to start, to report)
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclasses.dataclass
@@ -289,11 +289,6 @@ def executed_outputs(report: dict | None, nb: nbformat.NotebookNode) -> tuple[di
         return out, count_run
     except Exception:  # noqa: BLE001 (TypeError, KeyError, ValueError, RecursionError, ...: not a report)
         return {}, 0
-
-
-def valid_text(text: str) -> str:
-    """``text`` with any lone surrogate (JSON lets one through, UTF-8 cannot write it) replaced by U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def _clip(text, budget: list[int]) -> str:

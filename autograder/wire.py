@@ -503,22 +503,27 @@ def _parse(data: bytearray) -> dict:
     if not isinstance(message, dict):
         raise WireError("a message that is not an object")
     if _SURROGATE_ESCAPE.search(data):
-        _replace_surrogates(message)
+        make_valid(message)
     return message
 
 
-def _replace_surrogates(message: dict) -> None:
-    """Each lone surrogate in ``message``'s strings and keys (JSON's escapes can spell them; json joins the pairs
-    it meets) becomes U+FFFD, in place. Without recursion: json may have parsed a thousand levels."""
-    todo = [message]
+def valid_text(text: str) -> str:
+    """``text`` with each lone surrogate (JSON's escapes can spell one; no UTF-8 writer can write it) as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def make_valid(data: dict | list) -> None:
+    """Each lone surrogate in the strings and keys of parsed JSON (json joins the pairs it meets) becomes U+FFFD,
+    in place. Without recursion: json may have parsed a thousand levels."""
+    todo = [data]
     while todo:
         node = todo.pop()
         for key, value in list(node.items() if isinstance(node, dict) else enumerate(node)):
             if isinstance(value, str):
-                node[key] = _SURROGATE.sub("\ufffd", value)
+                node[key] = valid_text(value)
             elif isinstance(value, (list, dict)):
                 todo.append(value)
         if isinstance(node, dict) and any(_SURROGATE.search(key) for key in node):
-            fixed = {_SURROGATE.sub("\ufffd", key): value for key, value in node.items()}
+            fixed = {valid_text(key): value for key, value in node.items()}
             node.clear()
             node.update(fixed)

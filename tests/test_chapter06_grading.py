@@ -8,7 +8,7 @@ full marks.
 Two ways of grading, the same expectations:
 - in-process (fast): the notebook's code cells run in order in one namespace, test cells whole, hidden part
   included, as nbgrader runs them: the hidden part's `check(...)` has the judge run the chapter's checks in this
-  process (`autograder.judge.judge_here`, the trusted setting, through the same plain data as the sandbox), and
+  process (`autograder.trusted.judge_here`, the trusted setting, through the same plain data as the sandbox), and
   as in the sandbox, this chapter's reference module and later ones cannot be imported meanwhile; every mutant
   and variant; and the hidden parts alone after the learner's cells (`run_hidden_tests`, marked slow);
 - real `nbgrader autograde` (slow): one class folder, one grading run, the reference, the untouched
@@ -57,7 +57,7 @@ def as_in_the_sandbox():
     """The reference modules of this chapter and later ones cannot be imported in the block (as in the grading
     sandbox, `autograder.grade.blocked_modules`), and no verdict of an earlier notebook is remembered."""
     from autograder.run import blocked_modules
-    from autograder.judge import forget_here
+    from autograder.trusted import forget_here
 
     forget_here()
     blocked = {name: sys.modules.get(name) for name in blocked_modules(CHAPTER)}

@@ -460,7 +460,7 @@ def test_hidden_checks_pass_on_the_reference(grade_id, args):
     """The checks judge stand-ins of the learner's objects: they run as a hidden test cell runs them (the judge in
     this process, through the same plain data)."""
     from autograder.hidden import check
-    from autograder.judge import forget_here
+    from autograder.trusted import forget_here
 
     forget_here()
     check(grade_id, *args)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from autograder import hidden, judge, wire
+from autograder import hidden, judge, trusted, wire
 
 
 def roundtrip(value):
@@ -107,7 +107,7 @@ class Counter:
 
 
 def session_for(*objects):
-    s = judge.LocalSession(objects)
+    s = trusted.LocalSession(objects)
     return s, [s.remote(s.server.describe(i)) for i in range(len(objects))]
 
 
@@ -240,7 +240,7 @@ def test_garbage_on_the_socket_is_survived(tmp_path):
 
 
 def judge_local(grade_id: str, *objects) -> judge.Verdict:
-    session = judge.LocalSession(objects)
+    session = trusted.LocalSession(objects)
     stand_ins = [session.remote(session.server.describe(i)) for i in range(len(objects))]
     return judge.judge(session, grade_id, stand_ins, {})
 

@@ -281,7 +281,7 @@ def test_hidden_checks_pass_the_reference(grade_id, names):
     this process, through the same plain data)."""
     import minigpt.samplers as reference
     from autograder.hidden import check
-    from autograder.judge import forget_here
+    from autograder.trusted import forget_here
 
     forget_here()
     check(grade_id, *[getattr(reference, name) for name in names])

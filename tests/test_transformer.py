@@ -290,7 +290,7 @@ def test_hidden_checks_pass_the_reference():
     judge stand-ins of the learner's objects, so they run as a hidden test cell runs them (the judge in this
     process, through the same plain data)."""
     from autograder.hidden import check
-    from autograder.judge import forget_here
+    from autograder.trusted import forget_here
     from minigpt.transformer import MLP, Block
 
     forget_here()

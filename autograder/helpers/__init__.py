@@ -22,3 +22,17 @@ def make(kind: str, *args, **kwargs):
     if name not in getattr(module, "__all__", ()):
         raise ValueError(f"no helper {kind!r}")
     return getattr(module, name)(*args, **kwargs)
+
+
+def named_type(dotted: str) -> type:
+    """The type named ``dotted`` ("torch.nn.Linear"), imported where this runs: the judge names types, and each side
+    checks its own objects against them."""
+    if not isinstance(dotted, str) or len(dotted) > 200 or "." not in dotted:
+        raise ValueError(f"not a type's dotted name: {str(dotted)[:80]!r}")
+    module, _, name = dotted.rpartition(".")
+    obj = importlib.import_module(module)
+    for attr in name.split("."):
+        obj = getattr(obj, attr)
+    if not isinstance(obj, type):
+        raise ValueError(f"{dotted} is not a type")
+    return obj

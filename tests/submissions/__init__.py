@@ -145,7 +145,7 @@ def learner_namespace(chapter: str, cells: dict[str, str]) -> dict:
 def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
     """Grade without nbgrader: the learner notebook's own cells (`learner_namespace`), then each test cell's
     hidden part as the grader does; {grade_id: message} of those that fail."""
-    from autograder.judge import forget_here
+    from autograder.trusted import forget_here
 
     forget_here()  # a new notebook: no earlier verdicts
     namespace = learner_namespace(chapter, cells)
