@@ -673,7 +673,7 @@ def test_a_notebook_too_long_to_read_for_oracles_is_noted(monkeypatch):
     the limit is noted unread, so that one learner's notebook cannot hold up the batch."""
     from submissions import learner_notebook
 
-    monkeypatch.setattr(grade, "ORACLE_READ_LIMIT", 1000)
+    monkeypatch.setattr(intake, "ORACLE_READ_LIMIT", 1000)
     nb = learner_notebook("01-tokens", {})
     size = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
     assert intake.review_notes(nb, learner_notebook("01-tokens", None), "01-tokens") == [

@@ -291,9 +291,9 @@ XSS_MARKDOWN = (
     "<svg onload=\"fetch('/api/contents/xss-svg.txt', {method: 'PUT'})\"></svg>\n"
     "[click](javascript:alert(1)) <script>document.title = 'owned'</script>\n"
 )
-# A learner cell with nbgrader metadata whose grade id is a spreadsheet formula, and a line with terminal escapes
-# that the review notes quote.
-FORMULA_ID = '=HYPERLINK("http://evil.example")&T("'
+# A learner cell with nbgrader metadata whose grade id a spreadsheet reads as a formula (nbgrader allows letters,
+# digits, _ and - in a grade id: a leading - is enough), and a line with terminal escapes that the review notes quote.
+FORMULA_ID = "-HYPERLINK-1"
 ESCAPES_LINE = "import socket  # \x1b]0;owned\x07\x1b[2K\x1bM\x1b]52;c;b3duZWQ=\x07"
 
 
