@@ -485,20 +485,33 @@ def check_min_p(min_p_filter, calls: list):
 
 
 def _check_far_logits(top_p_filter, min_p_filter, calls: list):
-    """Top-p and min-p on logits far from 0, where a naive exp overflows (+1e4) or underflows (-1e4): any known
-    mistake is beside the point."""
+    """Top-p and min-p on logits far from 0, where a naive exp overflows (+1e4) or underflows (-1e4): each must keep
+    the tokens it keeps of the same logits moved back near 0, whatever those are, so that a mistake of the cut (its
+    own part) is not charged here again. The move is exact: (z + 1e4) - 1e4 loses nothing of z + 1e4 in float32."""
     pool, _, with_inf, _ = _top_p_inputs()
     clear = functools.partial(_clear_rows, is_clear=_nucleus_is_clear)
-    for z, p in [(clear(pool + 1e4, 0.9, 4), 0.9), (clear(pool - 1e4, 0.6, 4), 0.6),
-                 (clear(with_inf + 1e4, 0.8, 3), 0.8)]:
-        _check(top_p_filter, (z, p), _hf(TopPLogitsWarper(p), z), f"top_p_filter({_t(z)}, {p})", because=OVERFLOW,
-               calls=calls)
+    for z, p, shift in [(clear(pool + 1e4, 0.9, 4), 0.9, 1e4), (clear(pool - 1e4, 0.6, 4), 0.6, -1e4),
+                        (clear(with_inf + 1e4, 0.8, 3), 0.8, 1e4)]:
+        _check_far(top_p_filter, "top_p_filter", z, p, shift, calls)
     pool, _, with_inf, _ = _min_p_inputs()
     clear = functools.partial(_clear_rows, is_clear=_min_p_is_clear)
-    for z, p in [(clear(pool + 1e4, 0.1, 4), 0.1), (clear(pool - 1e4, 0.3, 4), 0.3),
-                 (clear(with_inf - 1e4, 0.15, 3), 0.15)]:
-        _check(min_p_filter, (z, p), _hf(MinPLogitsWarper(p), z), f"min_p_filter({_t(z)}, {p})", because=OVERFLOW,
-               calls=calls)
+    for z, p, shift in [(clear(pool + 1e4, 0.1, 4), 0.1, 1e4), (clear(pool - 1e4, 0.3, 4), 0.3, -1e4),
+                        (clear(with_inf - 1e4, 0.15, 3), 0.15, -1e4)]:
+        _check_far(min_p_filter, "min_p_filter", z, p, shift, calls)
+
+
+def _check_far(fn, name: str, z: torch.Tensor, p: float, shift: float, calls: list):
+    near = z - shift
+    near_label = f"{name}({_t(near)}, {p})"
+    got, changed = _call(fn, near, p, label=near_label)
+    calls.append((changed, ("logits",), near_label))
+    if not (isinstance(got, torch.Tensor) and got.shape == z.shape and got.is_floating_point()) or \
+            torch.isnan(got).any():
+        fail(f"{near_label} returned {_t(got) if isinstance(got, torch.Tensor) else show(got)} (see {name}'s own "
+             f"part): the same logits {shift:+g} could not be compared with it")
+    want = (got.detach().double() + shift).to(z.dtype)  # what it keeps, moved back; -inf stays -inf
+    _check(fn, (z, p), want, f"{name}({_t(z)}, {p}) (compared with {near_label} {shift:+g})", because=OVERFLOW,
+           calls=calls)
 
 
 def _check_filter_settings(top_k_filter, top_p_filter, min_p_filter):
@@ -816,16 +829,27 @@ def check_sample(sample_from_logits):
                  f"draws {show(_multinomial(logits[None], 6011).tolist())} with the same seed",
                  "draw from softmax(logits, dim=-1) with torch.multinomial(probs, 1, generator=generator), one row "
                  "as a batch of one")
-    with part(FAR):  # where a naive exp overflows (+1e4) or underflows (-1e4): the same draws as softmax's
-        for shift, seed in ((1e4, 6012), (-1e4, 6013)):
-            far = rows + shift
-            far_label = f"sample_from_logits({_t(far)}, generator)"
-            got, want = _draw(sample_from_logits, far, seed, far_label, calls, on_error=OVERFLOW), \
-                _multinomial(far, seed)
-            if not torch.equal(got, want):
-                fail(f"{far_label} drew {show(got.tolist())}; torch.multinomial(softmax(logits), 1, "
-                     f"generator=generator) draws {show(want.tolist())} with the same seed", OVERFLOW)
+    with part(FAR):
+        _check_far_draws(sample_from_logits, rows, calls)
     _check_unchanged(calls)
+
+
+def _check_far_draws(sample_from_logits, rows: torch.Tensor, calls: list) -> None:
+    """Logits far from 0, where a naive exp overflows (+1e4) or underflows (-1e4), must give the draws of the same
+    logits moved back near 0 with the same seeds (of the generator, and of the global one), whatever those draws are:
+    a mistake of the draws (its own part) is not charged here again. softmax gives both the same probabilities, bit
+    for bit: (z + 1e4) - 1e4 is exact in float32, and so are the differences from each row's maximum."""
+    for shift, seed in ((1e4, 6012), (-1e4, 6013)):
+        far = rows + shift
+        near = far - shift
+        far_label, near_label = (f"sample_from_logits({_t(x)}, generator)" for x in (far, near))
+        with learner_side(seed=seed):
+            want = _draw(sample_from_logits, near, seed, near_label, calls)
+        with learner_side(seed=seed):
+            got = _draw(sample_from_logits, far, seed, far_label, calls, on_error=OVERFLOW)
+        if not torch.equal(got, want):
+            fail(f"{far_label} drew {show(got.tolist())}; the same logits moved back near 0 ({shift:+g}), with the "
+                 f"same seeds, drew {show(want.tolist())}", OVERFLOW)
 
 
 def _check_frequencies(label: str, logits: torch.Tensor, first: torch.Tensor) -> None:
