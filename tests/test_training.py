@@ -158,3 +158,71 @@ def test_the_hidden_checks_pass_the_reference():
     check("test_lr_at", t.lr_at)
     check("test_train_step", t.train_step)
     check("test_train", t.train)
+
+
+NOT_FINITE = [float("nan"), float("inf")]
+
+
+def _judged(grade_id: str, *functions) -> dict[str, bool]:
+    """{part: passed} of the hidden checks of ``grade_id`` run on ``functions`` in this process."""
+    from autograder.judge import LocalSession, judge
+
+    session = LocalSession(functions)
+    stand_ins = [session.remote(session.server.describe(i)) for i in range(len(functions))]
+    return {p.name: p.passed for p in judge(session, grade_id, stand_ins, {}).parts}
+
+
+def _failed(parts: dict[str, bool]) -> set[str]:
+    return {name for name, passed in parts.items() if not passed}
+
+
+@pytest.mark.parametrize("bad", NOT_FINITE)
+def test_the_hidden_checks_fail_a_loss_or_perplexity_that_is_not_finite(bad):
+    """A check written `abs(got - want) > tol` passes every NaN: each value is compared with coursekit's close."""
+    import minigpt.training as t
+
+    assert "loss values" in _failed(_judged("test_cross_entropy", lambda z, y: t.cross_entropy(z, y) * bad,
+                                            t.perplexity))
+    assert _failed(_judged("test_cross_entropy", t.cross_entropy, lambda loss: bad)) == {"perplexity"}
+    assert _failed(_judged("test_estimate_loss", lambda *a: t.estimate_loss(*a) * bad)) == {"the mean loss"}
+    assert _failed(_judged("test_train_step", lambda *a: t.train_step(*a) * bad)) == {"the loss of each step"}
+
+    def train(*args, **kwargs):
+        log = t.train(*args, **kwargs)
+        return {**log, "losses": [loss * bad for loss in log["losses"]]}
+
+    assert _failed(_judged("test_train", train)) == {"the loss of each step"}
+
+
+@pytest.mark.parametrize("bad", NOT_FINITE)
+def test_the_hidden_checks_fail_a_learning_rate_that_is_not_finite(bad):
+    import minigpt.training as t
+
+    assert _failed(_judged("test_lr_at", lambda step, **schedule: t.lr_at(step, **schedule) * bad)) == {
+        "the warm-up", "the cosine decay", "min_lr after max_steps"}
+
+    def train(model, optimizer, *args, **kwargs):
+        step = optimizer.step
+
+        def step_at_bad_rate(*a, **k):  # whatever rate train set
+            for group in optimizer.param_groups:
+                group["lr"] = bad
+            return step(*a, **k)
+
+        optimizer.step = step_at_bad_rate
+        return t.train(model, optimizer, *args, **kwargs)
+
+    assert "the learning rate of each step" in _failed(_judged("test_train", train))
+
+
+@pytest.mark.parametrize("bad", NOT_FINITE)
+def test_the_hidden_checks_fail_weights_that_are_not_finite(bad):
+    import minigpt.training as t
+
+    def train_step(model, optimizer, x, y, max_grad_norm=1.0):
+        loss = t.train_step(model, optimizer, x, y, max_grad_norm)
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = bad
+        return loss
+
+    assert "the weights after the steps" in _failed(_judged("test_train_step", train_step))

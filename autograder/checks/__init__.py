@@ -36,3 +36,22 @@ def once(fn):
             return cached(*args)
 
     return computed_once
+
+
+def gap(got, want) -> str:
+    """How a tensor ``got`` differs from ``want`` of the same shape, to follow "differs from ..." in the message of a
+    failed ``coursekit.testing.close``: "by up to 3.1e-04 (at index (0, 5): 0.1234, expected 0.1237)". A NaN or an
+    infinity where ``want`` holds none is named first, " at index (0, 5): got nan, expected 0.1237": a largest
+    difference taken with ``.max()`` would read "nan" and say nothing of where."""
+    import torch
+
+    g, w = got.detach().double(), want.detach().double()
+    same = (g == w) | (torch.isnan(g) & torch.isnan(w))  # equal infinities and NaNs in the same place differ by 0
+    diff = torch.where(same, torch.zeros_like(g), (g - w).abs())
+    worst = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    flat = int(worst.flatten().argmax()) if worst.numel() else 0
+    at = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else ()
+    if not torch.isfinite(diff[at]):
+        return f"{f' at index {at}' if at else ''}: got {g[at].item():.6g}, expected {w[at].item():.6g}"
+    return f"by up to {diff[at].item():.2e} ({f'at index {at}: ' if at else ''}{g[at].item():.6g}, expected " \
+        f"{w[at].item():.6g})"

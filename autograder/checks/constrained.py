@@ -35,7 +35,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (what the mo
 from autograder.checks import once
 from autograder.helpers import constrained as recipes
 from autograder.helpers import samplers as gpt_recipes
-from autograder.judge import Remote, cell, learner_side, make, seeded
+from autograder.judge import Remote, cell, learner_side, make, part, seeded
 from coursekit.testing import call, describe_error, fail, not_written, quiet_transformers, show
 
 END = 50256
@@ -146,15 +146,29 @@ def _eos_hint(got: set[int], want: set[int], eos: set[int], when: str) -> str:
     return ""
 
 
-def _check_mask(label: str, got, want: set[int], vocab, eos: set[int], mistakes, when_eos: str, note: str = ""):
-    """Fail unless the mask ``got`` allows exactly ``want``; name the first known mistake that gives the same set
-    (``mistakes``: (why, compute the set)), or the end-of-text rule, or ``note``."""
-    ids = _ids(got, len(vocab), label)
-    if ids == want:
-        return
-    hint = next((why for why, compute in mistakes if _gives(compute, ids)), "") or \
+def _check_mask(label: str, ids: set[int], want: set[int], vocab, eos: set[int], explain, *, ends: bool = False):
+    """Fail unless the ids a mask allows agree with ``want``: on the end-of-text ids if ``ends``, else on every other
+    id (the two parts of a mask's test cell). ``explain()``: the hint, computed only for a failure (it may run the
+    known mistakes over a whole vocabulary)."""
+    keep = (lambda x: x & eos) if ends else (lambda x: x - eos)
+    if keep(ids) != keep(want):
+        fail(f"{label} {_difference(keep(ids), keep(want), vocab, eos)}", explain())
+
+
+def _mask_hint(ids: set[int], want: set[int], eos: set[int], mistakes, when_eos: str, note: str = "") -> str:
+    """The first known mistake that gives the same set (``mistakes``: (why, compute the set)), or the end-of-text
+    rule, or ``note``."""
+    return next((why for why, compute in mistakes if _gives(compute, ids)), "") or \
         _eos_hint(ids, want, eos, when_eos) or note
-    fail(f"{label} {_difference(ids, want, vocab, eos)}", hint)
+
+
+def _check_ends(name: str, answers: list) -> None:
+    """The part ``name`` of a mask's test cell: the end-of-text ids of the masks in ``answers`` ((label, ids, want,
+    vocab, eos, explain) of each mask that came back). Not entered when none came back: a part never reached fails."""
+    if answers:
+        with part(name):
+            for label, ids, want, vocab, eos, explain in answers:
+                _check_mask(label, ids, want, vocab, eos, explain, ends=True)
 
 
 def _gives(compute, got: set[int]) -> bool:
@@ -219,22 +233,31 @@ def _choice_mistakes(written, choices, vocab, eos):
     ]
 
 
-@cell("test_choices")
+CONTINUES, CHOICE_ENDS = "tokens that continue a choice", "end-of-text after a whole choice"
+
+
+@cell("test_choices", parts={CONTINUES: 3, CHOICE_ENDS: 1})
 def check_choices(choice_mask):
     cases = [(choices, written, eos, SMALL_VOCAB) for choices, written, eos in CHOICES]
     big = None
     for choices, written in GPT2_CHOICES:
         cases.append((choices, written, {END}, None))
-    for choices, written, eos, vocab in cases:
-        if vocab is None:
-            big = big or make("constrained.gpt2_vocab")
-            vocab, arg = _gpt2_vocab(), big
-        else:
-            arg = list(vocab)
-        label = _label("choice_mask", repr(written), show(list(choices)), _vocab_label(vocab), show(set(eos)))
-        got = call(choice_mask, written, list(choices), arg, set(eos), label=label)
-        _check_mask(label, got, _choice_oracle(written, choices, vocab, eos), vocab, set(eos),
-                    _choice_mistakes(written, choices, vocab, eos), "written is one of the choices, whole")
+    answers = []
+    with part(CONTINUES):
+        for choices, written, eos, vocab in cases:
+            if vocab is None:
+                big = big or make("constrained.gpt2_vocab")
+                vocab, arg = _gpt2_vocab(), big
+            else:
+                arg = list(vocab)
+            label = _label("choice_mask", repr(written), show(list(choices)), _vocab_label(vocab), show(set(eos)))
+            ids = _ids(call(choice_mask, written, list(choices), arg, set(eos), label=label), len(vocab), label)
+            want = _choice_oracle(written, choices, vocab, eos)
+            explain = functools.partial(_mask_hint, ids, want, set(eos), _choice_mistakes(written, choices, vocab, eos),
+                                        "written is one of the choices, whole")
+            answers.append((label, ids, want, vocab, set(eos), explain))
+            _check_mask(label, ids, want, vocab, set(eos), explain)
+    _check_ends(CHOICE_ENDS, answers)
 
 
 # ---------------------------------------------------------------- regex, the plain way
@@ -282,22 +305,31 @@ def _plain_mistakes(pattern, written, texts, eos):
     ]
 
 
-@cell("test_plain_regex")
+MATCHABLE, MATCH_ENDS = "tokens after which a match is still possible", "end-of-text after a full match"
+
+
+@cell("test_plain_regex", parts={MATCHABLE: 3, MATCH_ENDS: 1})
 def check_plain_regex(regex_mask_plain):
     cases = [(p, w, eos, SMALL_TEXTS) for p, w, eos in PLAIN] + [(p, w, {END}, None) for p, w in GPT2_PLAIN]
     big = None
-    for pattern, written, eos, texts in cases:
-        if texts is None:
-            big = big or make("constrained.gpt2_texts")
-            texts, arg = _gpt2_texts(), big
-        else:
-            arg = list(texts)
-        shown = "<GPT-2's tokens as text>" if len(texts) == 50257 else show(list(texts))
-        label = _label("regex_mask_plain", repr(pattern), repr(written), shown, show(set(eos)))
-        got = call(regex_mask_plain, pattern, written, arg, set(eos), label=label,
-                   hint="a token whose text is None or \"\" is never allowed")
-        _check_mask(label, got, _plain_oracle(pattern, written, texts, eos), texts, set(eos),
-                    _plain_mistakes(pattern, written, texts, eos), "written is a full match")
+    answers = []
+    with part(MATCHABLE):
+        for pattern, written, eos, texts in cases:
+            if texts is None:
+                big = big or make("constrained.gpt2_texts")
+                texts, arg = _gpt2_texts(), big
+            else:
+                arg = list(texts)
+            shown = "<GPT-2's tokens as text>" if len(texts) == 50257 else show(list(texts))
+            label = _label("regex_mask_plain", repr(pattern), repr(written), shown, show(set(eos)))
+            got = call(regex_mask_plain, pattern, written, arg, set(eos), label=label,
+                       hint="a token whose text is None or \"\" is never allowed")
+            ids, want = _ids(got, len(texts), label), _plain_oracle(pattern, written, texts, eos)
+            explain = functools.partial(_mask_hint, ids, want, set(eos), _plain_mistakes(pattern, written, texts, eos),
+                                        "written is a full match")
+            answers.append((label, ids, want, texts, set(eos), explain))
+            _check_mask(label, ids, want, texts, set(eos), explain)
+    _check_ends(MATCH_ENDS, answers)
 
 
 # ---------------------------------------------------------------- the trie and the fast mask
@@ -359,31 +391,36 @@ def _fast_hints(pattern, written, got, want, vocab, eos) -> str:
     return _eos_hint(got, want, eos, "the state is accepting (dfa.accepting[state])")
 
 
-@cell("test_fast_mask")
+WALKED, ACCEPTING = "tokens the DFA allows, through your trie", "end-of-text in an accepting state"
+
+
+@cell("test_fast_mask", parts={WALKED: 3, ACCEPTING: 1})
 def check_fast_mask(build_trie, dfa_mask, compile_regex):
-    small = call(build_trie, list(TRIE_VOCAB), label=_label("build_trie", show(list(TRIE_VOCAB))))
-    cases = [(p, w, small, TRIE_VOCAB, TRIE_EOS) for p, w in FAST]
-    big = None
-    for pattern, written in GPT2_FAST:
-        if big is None:
-            vocab_remote = make("constrained.gpt2_vocab")
-            big = call(build_trie, vocab_remote, label="build_trie(<GPT-2's vocabulary>)")
-        cases.append((pattern, written, big, _gpt2_vocab(), {END}))
-    dfas: dict[str, Remote] = {}
-    for pattern, written, trie, vocab, eos in cases:
-        if pattern not in dfas:
-            dfas[pattern] = call(compile_regex, pattern, label=f"compile_regex({pattern!r}) (the given compiler)")
-        dfa = dfas[pattern]
-        state = call(dfa.walk, call(getattr, dfa, "start", label="dfa.start"), written,
-                     label=f"dfa.walk(dfa.start, {written!r}) (the given DFA)")
-        label = _label("dfa_mask", f"<the DFA of {pattern!r}>", f"<the state after {written!r}>",
-                       f"<your trie of {_vocab_label(vocab)}>", str(len(vocab)), show(set(eos)))
-        got = call(dfa_mask, dfa, state, trie, len(vocab), set(eos), label=label)
-        want = brute_force(pattern, written, vocab, eos)
-        ids = _ids(got, len(vocab), label)
-        if ids != want:
-            fail(f"{label} {_difference(ids, want, vocab, eos)}",
-                 _fast_hints(pattern, written, ids, want, vocab, eos))
+    answers = []
+    with part(WALKED):
+        small = call(build_trie, list(TRIE_VOCAB), label=_label("build_trie", show(list(TRIE_VOCAB))))
+        cases = [(p, w, small, TRIE_VOCAB, TRIE_EOS) for p, w in FAST]
+        big = None
+        for pattern, written in GPT2_FAST:
+            if big is None:
+                vocab_remote = make("constrained.gpt2_vocab")
+                big = call(build_trie, vocab_remote, label="build_trie(<GPT-2's vocabulary>)")
+            cases.append((pattern, written, big, _gpt2_vocab(), {END}))
+        dfas: dict[str, Remote] = {}
+        for pattern, written, trie, vocab, eos in cases:
+            if pattern not in dfas:
+                dfas[pattern] = call(compile_regex, pattern, label=f"compile_regex({pattern!r}) (the given compiler)")
+            dfa = dfas[pattern]
+            state = call(dfa.walk, call(getattr, dfa, "start", label="dfa.start"), written,
+                         label=f"dfa.walk(dfa.start, {written!r}) (the given DFA)")
+            label = _label("dfa_mask", f"<the DFA of {pattern!r}>", f"<the state after {written!r}>",
+                           f"<your trie of {_vocab_label(vocab)}>", str(len(vocab)), show(set(eos)))
+            got = call(dfa_mask, dfa, state, trie, len(vocab), set(eos), label=label)
+            ids, want = _ids(got, len(vocab), label), brute_force(pattern, written, vocab, eos)
+            explain = functools.partial(_fast_hints, pattern, written, ids, want, vocab, eos)
+            answers.append((label, ids, want, vocab, eos, explain))
+            _check_mask(label, ids, want, vocab, eos, explain)
+    _check_ends(ACCEPTING, answers)
 
 
 # ---------------------------------------------------------------- the schema
@@ -462,50 +499,67 @@ SCHEMA_ERRORS = [{"type": "array"}, {"properties": {"a": {"type": "string"}}},
                  {"type": "object", "properties": {"a": {"enum": []}}}]
 
 
-@cell("test_schema")
+MATCHES, REFUSES, SUBSET, OTHER_SCHEMAS = ("matches what json.dumps writes", "refuses the near misses",
+                                         "in the given compiler's subset", "errors for other schemas")
+
+
+@cell("test_schema", parts={MATCHES: 2, REFUSES: 2, SUBSET: 1, OTHER_SCHEMAS: 1})
 def check_schema(schema_regex, compile_regex):
-    for schema in SCHEMAS:
-        label = f"schema_regex({show(schema)})"
-        pattern = call(schema_regex, schema, label=label)
-        if not isinstance(pattern, str):
-            fail(f"{label} returned {show(pattern)}; expected a pattern, a str")
-        try:
-            regex.compile(pattern, flags=regex.ASCII)
-        except regex.error as err:
-            fail(f"{label} returned {pattern!r}, which is no regular expression ({err})",
-                 "put every key and enum value through escape(...), and the object's braces too")
-        for text in _good(schema):
-            if not full(pattern, text):
-                fail(f"{label} returned {pattern!r}, which does not match {text!r}, a text json.dumps writes for "
-                     f"this schema", _schema_hint(text, pattern))
-        for text, why in _bad(schema):
-            if full(pattern, text):
-                fail(f"{label} returned {pattern!r}, which matches {text!r}", why)
-        try:
-            compile_regex(pattern)
-        except Exception as err:  # noqa: BLE001
-            if getattr(err, "grader_side", False):
-                raise
-            if isinstance(err, NotImplementedError):
+    patterns = []  # (schema, label, the pattern) of each schema_regex call that gave a regular expression
+    with part(MATCHES):
+        for schema in SCHEMAS:
+            label = f"schema_regex({show(schema)})"
+            pattern = call(schema_regex, schema, label=label)
+            if not isinstance(pattern, str):
+                fail(f"{label} returned {show(pattern)}; expected a pattern, a str")
+            try:
+                regex.compile(pattern, flags=regex.ASCII)
+            except regex.error as err:
+                fail(f"{label} returned {pattern!r}, which is no regular expression ({err})",
+                     "put every key and enum value through escape(...), and the object's braces too")
+            patterns.append((schema, label, pattern))
+            for text in _good(schema):
+                if not full(pattern, text):
+                    fail(f"{label} returned {pattern!r}, which does not match {text!r}, a text json.dumps writes "
+                         f"for this schema", _schema_hint(text, pattern))
+    if patterns:  # (none came back: the parts that read them are not reached, and fail)
+        with part(REFUSES):
+            for schema, label, pattern in patterns:
+                for text, why in _bad(schema):
+                    if full(pattern, text):
+                        fail(f"{label} returned {pattern!r}, which matches {text!r}", why)
+        with part(SUBSET):
+            for _, label, pattern in patterns:
+                _check_compiles(compile_regex, label, pattern)
+    with part(OTHER_SCHEMAS):
+        for bad in SCHEMA_ERRORS:
+            label = f"schema_regex({show(bad)})"
+            try:
+                got = schema_regex(bad)
+            except NotImplementedError as err:
                 raise not_written(label, err) from None
-            fail(f"the given compile_regex cannot compile {label}'s pattern {pattern!r}: {describe_error(err)}",
-                 "write the pattern in the compiler's subset (SUBSET): escape the braces, keys and enum values with "
-                 "escape(...), use groups (...) and the classes and repeats it knows")
-    for bad in SCHEMA_ERRORS:
-        label = f"schema_regex({show(bad)})"
-        try:
-            got = schema_regex(bad)
-        except NotImplementedError as err:
+            except ValueError:
+                continue
+            except Exception as err:  # noqa: BLE001
+                if getattr(err, "grader_side", False):
+                    raise
+                fail(f"{label} raised {describe_error(err)}; expected ValueError",
+                     "a schema outside the subset raises ValueError, saying what is not supported")
+            fail(f"{label} returned {show(got)}; expected ValueError",
+                 "only objects, with fields that are strings, integers, booleans or enums of strings")
+
+
+def _check_compiles(compile_regex, label: str, pattern: str) -> None:
+    try:
+        compile_regex(pattern)
+    except Exception as err:  # noqa: BLE001
+        if getattr(err, "grader_side", False):
+            raise
+        if isinstance(err, NotImplementedError):
             raise not_written(label, err) from None
-        except ValueError:
-            continue
-        except Exception as err:  # noqa: BLE001
-            if getattr(err, "grader_side", False):
-                raise
-            fail(f"{label} raised {describe_error(err)}; expected ValueError",
-                 "a schema outside the subset raises ValueError, saying what is not supported")
-        fail(f"{label} returned {show(got)}; expected ValueError",
-             "only objects, with fields that are strings, integers, booleans or enums of strings")
+        fail(f"the given compile_regex cannot compile {label}'s pattern {pattern!r}: {describe_error(err)}",
+             "write the pattern in the compiler's subset (SUBSET): escape the braces, keys and enum values with "
+             "escape(...), use groups (...) and the classes and repeats it knows")
 
 
 def _schema_hint(text: str, pattern: str) -> str:
@@ -532,17 +586,19 @@ def _script(seed: int, steps: int, width: int, eos_at: tuple[int, ...] = ()) -> 
     return script
 
 
-# (script, max_new_tokens, sampling, seed of the learner's global generator, use_cache)
+MASKED, SAMPLED, STOPPED, DEAD = ("greedy, masked", "sampling with the Sampler's settings",
+                                  "end-of-text and max_new_tokens", "dead ends")
+# (script, max_new_tokens, sampling, seed of the learner's global generator, use_cache, the part of test_generate)
 GENERATIONS = [
-    (_script(1, 12, 6), 12, {}, None, True),
-    (_script(2, 12, 8, eos_at=(4,)), 12, {}, None, True),
-    (_script(3, 10, 10, eos_at=(3, 6)), 10, {"do_sample": True}, 9001, True),
-    (_script(4, 10, 12), 10, {"do_sample": True, "temperature": 0.7, "top_k": 5}, 9002, True),
+    (_script(1, 12, 6), 12, {}, None, True, MASKED),
+    (_script(2, 12, 8, eos_at=(4,)), 12, {}, None, True, STOPPED),
+    (_script(3, 10, 10, eos_at=(3, 6)), 10, {"do_sample": True}, 9001, True, SAMPLED),
+    (_script(4, 10, 12), 10, {"do_sample": True, "temperature": 0.7, "top_k": 5}, 9002, True, SAMPLED),
     (_script(5, 9, 20, eos_at=(2, 5, 8)), 9, {"do_sample": True, "top_p": 0.8, "repetition_penalty": 1.3}, 9003,
-     False),
-    (_script(6, 8, 1), 8, {}, None, False),
-    (_script(7, 12, 5, eos_at=(11,)), 6, {}, None, True),
-    (_script(8, 3, 4), 0, {}, None, True),
+     False, SAMPLED),
+    (_script(6, 8, 1), 8, {}, None, False, MASKED),
+    (_script(7, 12, 5, eos_at=(11,)), 6, {}, None, True, STOPPED),
+    (_script(8, 3, 4), 0, {}, None, True, STOPPED),
 ]
 DEAD_ENDS = [(_script(9, 3, 4), 6), ([], 3)]
 
@@ -556,7 +612,7 @@ def _hf_model():
 @once
 def _hf_generation(case: int) -> list[int]:
     """Hugging Face's generate with the script as its prefix_allowed_tokens_fn (seeded as the learner's side is)."""
-    script, n, sampling, seed, _ = GENERATIONS[case]
+    script, n, sampling, seed, *_ = GENERATIONS[case]
     if n == 0:
         return []
     sampling = dict(sampling)
@@ -581,57 +637,79 @@ def _generation_label(n, sampling, use_cache) -> str:
             f"tokens at each step>, {n}, use_cache={use_cache}{settings})")
 
 
-@cell("test_generate")
+@cell("test_generate", parts={MASKED: 3, SAMPLED: 2, STOPPED: 2, DEAD: 1})
 def check_generate(constrained_generate):
     model = make("samplers.random_gpt", *(GEN_SHAPE[k] for k in ("vocab_size", "block_size", "n_layer", "n_head",
                                                                    "n_embd", "seed", "weight_std")))
-    for case, (script, n, sampling, seed, use_cache) in enumerate(GENERATIONS):
-        constraint = make("constrained.Scripted", script, GEN_EOS, GEN_VOCAB)
-        label = _generation_label(n, sampling, use_cache)
-        try:
-            with learner_side(seed=seed or 0, no_grad=True):
-                out = constrained_generate(model, None, list(PROMPT), constraint, n, use_cache=use_cache, **sampling)
-        except NotImplementedError as err:
-            raise not_written(label, err) from None
-        except Exception as err:  # noqa: BLE001
-            if getattr(err, "grader_side", False):
-                raise
-            fail(f"{label} raised {describe_error(err)}", _asked_hint(constraint.asked))
-        want = _hf_generation(case)
-        ids, reason, text = (call(getattr, out, name, label=f"{label}.{name}") for name in ("ids", "finish_reason",
-                                                                                            "text"))
-        if not isinstance(ids, list) or ids != want:
-            asked = constraint.asked
-            fail(f"{label} generated {show(ids)}; Hugging Face's generate with the same mask gives {want}",
-                 _generate_hint(ids, want, asked, script))
-        want_reason = "eos" if want and want[-1] in GEN_EOS else "length"
-        if reason != want_reason:
-            fail(f"{label} ended with finish_reason={reason!r}; expected {want_reason!r}",
-                 "an end-of-text id ends the loop with reason 'eos'; running out of steps leaves 'length'")
-        want_text = b"".join(GEN_VOCAB[i] for i in want if i not in GEN_EOS).decode()
-        if text != want_text:
-            fail(f"{label} wrote the text {text!r}; expected {want_text!r}",
-                 "leave the given lines after the loop as they are: they decode new")
-    for script, n in DEAD_ENDS:
-        constraint = make("constrained.Scripted", script, GEN_EOS, GEN_VOCAB)
-        label = _generation_label(n, {}, True).replace("given tokens at each step", f"tokens for {len(script)} steps "
-                                                                                     "only")
-        try:
-            with learner_side(no_grad=True):
-                got = constrained_generate(model, None, list(PROMPT), constraint, n)
-        except NotImplementedError as err:
-            raise not_written(label, err) from None
-        except ValueError as err:
-            if "no longer be met" not in str(err):
-                fail(f"{label} raised ValueError({str(err)!r}), which does not say why",
-                     "raise ValueError(constraint.dead_end(new)): its message names the problem")
-            continue
-        except Exception as err:  # noqa: BLE001
-            if getattr(err, "grader_side", False):
-                raise
-            fail(f"{label} raised {describe_error(err)}; expected ValueError", DEAD_END)
-        fail(f"{label} returned {show(got.ids)}; expected ValueError: after step {len(script)} no token is allowed",
-             DEAD_END)
+    for name in (MASKED, SAMPLED, STOPPED):
+        with part(name):
+            for case, generation in enumerate(GENERATIONS):
+                if generation[-1] == name:
+                    _check_generation(constrained_generate, model, case)
+    with part(DEAD):
+        for script, n in DEAD_ENDS:
+            _check_dead_end(constrained_generate, model, script, n)
+
+
+def _check_generation(constrained_generate, model: Remote, case: int) -> None:
+    script, n, sampling, seed, use_cache, _ = GENERATIONS[case]
+    constraint = make("constrained.Scripted", script, GEN_EOS, GEN_VOCAB)
+    label = _generation_label(n, sampling, use_cache)
+    try:
+        with learner_side(seed=seed or 0, no_grad=True):
+            out = constrained_generate(model, None, list(PROMPT), constraint, n, use_cache=use_cache, **sampling)
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
+    except Exception as err:  # noqa: BLE001
+        if getattr(err, "grader_side", False):
+            raise
+        fail(f"{label} raised {describe_error(err)}", _asked_hint(constraint.asked) or _nan_hint(err))
+    want = _hf_generation(case)
+    ids, reason, text = (call(getattr, out, name, label=f"{label}.{name}") for name in ("ids", "finish_reason",
+                                                                                        "text"))
+    if not isinstance(ids, list) or ids != want:
+        asked = constraint.asked
+        fail(f"{label} generated {show(ids)}; Hugging Face's generate with the same mask gives {want}",
+             _generate_hint(ids, want, asked, script))
+    want_reason = "eos" if want and want[-1] in GEN_EOS else "length"
+    if reason != want_reason:
+        fail(f"{label} ended with finish_reason={reason!r}; expected {want_reason!r}",
+             "an end-of-text id ends the loop with reason 'eos'; running out of steps leaves 'length'")
+    want_text = b"".join(GEN_VOCAB[i] for i in want if i not in GEN_EOS).decode()
+    if text != want_text:
+        fail(f"{label} wrote the text {text!r}; expected {want_text!r}",
+             "leave the given lines after the loop as they are: they decode new")
+
+
+def _check_dead_end(constrained_generate, model: Remote, script, n: int) -> None:
+    constraint = make("constrained.Scripted", script, GEN_EOS, GEN_VOCAB)
+    label = _generation_label(n, {}, True).replace("given tokens at each step", f"tokens for {len(script)} steps "
+                                                                                 "only")
+    try:
+        with learner_side(no_grad=True):
+            got = constrained_generate(model, None, list(PROMPT), constraint, n)
+    except NotImplementedError as err:
+        raise not_written(label, err) from None
+    except ValueError as err:
+        if "no longer be met" not in str(err):
+            fail(f"{label} raised ValueError({str(err)!r}), which does not say why",
+                 _nan_hint(err) or "raise ValueError(constraint.dead_end(new)): its message names the problem")
+        return
+    except Exception as err:  # noqa: BLE001
+        if getattr(err, "grader_side", False):
+            raise
+        fail(f"{label} raised {describe_error(err)}; expected ValueError", DEAD_END)
+    fail(f"{label} returned {show(got.ids)}; expected ValueError: after step {len(script)} no token is allowed",
+         DEAD_END)
+
+
+def _nan_hint(err: Exception) -> str:
+    """For the Sampler's refusal of logits that hold NaN (chapter 6): where the NaN comes from in a masked step."""
+    if "NaN" not in str(err):
+        return ""
+    return ("the masked logits hold NaN: 0 * -inf is nan, so adding (or multiplying by) the mask times "
+            "float('-inf') puts NaN on every token it allows. Mask with logits.masked_fill(~allowed, "
+            "float('-inf'))")
 
 
 DEAD_END = ("when the mask allows no token, the constraint can no longer be met: raise "

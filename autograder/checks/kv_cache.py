@@ -53,10 +53,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import Shape
+from autograder.checks import Shape, gap
 from autograder.helpers import kv_cache as recipes
-from autograder.judge import LearnerError, Remote, ask, because_of, cell, learner_side, make, seeded, type_of
-from coursekit.testing import call, describe_error, fail, not_written, show
+from autograder.judge import LearnerError, Remote, ask, because_of, cell, learner_side, make, part, seeded, type_of
+from coursekit.testing import call, close, describe_error, fail, not_written, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
@@ -71,13 +71,10 @@ BUILT_ON = ("CachedModel runs on your forward_with_cache, attention_with_cache a
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Of ``want``'s shape and dtype, and within ATOL + RTOL times ``want``'s largest value of it everywhere."""
-    return got.shape == want.shape and got.dtype == want.dtype and \
-        (got.detach().double() - want.double()).abs().max().item() <= ATOL + RTOL * want.abs().max().item()
-
-
-def _diff(got: torch.Tensor, want: torch.Tensor) -> float:
-    return (got.detach().double() - want.double()).abs().max().item()
+    """Of ``want``'s shape and dtype, and within ATOL + RTOL times ``want``'s largest value of it everywhere (the
+    tolerance of a value near 0 is the one of the whole tensor's scale: the rounding of a sum of large terms)."""
+    scale = want.detach().abs().max().item() if want.numel() else 0.0
+    return got.shape == want.shape and got.dtype == want.dtype and close(got, want, atol=ATOL + RTOL * scale, rtol=0)
 
 
 def _type_name(obj) -> str:
@@ -300,11 +297,17 @@ def _append_hint(k, v, k_new, v_new, old_k, old_v, want_k, want_v) -> str:
     return "append stores the layer's old and new positions, along dim 2, and returns them all"
 
 
-@cell("test_kv_cache")
+APPENDS, FLOAT64_KV = "appends along time", "float64 keys and values"
+
+
+@cell("test_kv_cache", parts={APPENDS: 3, FLOAT64_KV: 1})
 def check_kv_cache(KVCache):
-    problem = _kv_cache_problem(KVCache)
-    if problem:
-        fail(*problem)
+    g = torch.Generator().manual_seed(700)  # as _kv_cache_problem draws: the same keys and values
+    for name, sequence in zip((APPENDS, FLOAT64_KV), KV_SEQUENCES):
+        with part(name):
+            problem = _kv_sequence_problem(KVCache, g, *sequence)
+            if problem:
+                fail(*problem)
 
 
 def _kv_cache_blame(KVCache) -> str:
@@ -363,7 +366,7 @@ USES_FORWARD = {"forward_with_cache": "test_forward_with_cache", **USES_ATTENTIO
 
 def _also(hint: str, because: str) -> str:
     """A hint, and the note of ``judge.because_of`` (which earlier cell's function this one uses fails)."""
-    return "; ".join(part for part in (hint, because) if part)
+    return "; ".join(text for text in (hint, because) if text)
 
 
 @dataclasses.dataclass
@@ -417,54 +420,66 @@ def _attention_run(attention_with_cache, attn, xs, cache, label):
     return outs, None, ""
 
 
-@cell("test_attention_with_cache")
+CHUNKS, FLOAT64_X, LARGE_SCORES = "outputs chunk by chunk", "float64 inputs", "scores of about 300"
+
+
+def _attention_part(case: AttentionCase) -> str:
+    return FLOAT64_X if case.dtype == torch.float64 else LARGE_SCORES if case.scale > 1 else CHUNKS
+
+
+@cell("test_attention_with_cache", parts={CHUNKS: 3, FLOAT64_X: 1, LARGE_SCORES: 1})
 def check_attention_with_cache(attention_with_cache, KVCache):
+    for name in (CHUNKS, FLOAT64_X, LARGE_SCORES):
+        with part(name):
+            for number, case in enumerate(ATTENTION_CASES):
+                if _attention_part(case) == name:
+                    _check_attention_case(attention_with_cache, KVCache, case, seed=710 + number)
+
+
+def _check_attention_case(attention_with_cache, KVCache, case: AttentionCase, seed: int) -> None:
     because = because_of(**USES_KV_CACHE)
-    for number, case in enumerate(ATTENTION_CASES):
-        seed = 710 + number
-        n_embd, n_head, B, chunks, scale, dtype = case
-        c = _attention_chunks(case, seed)
-        xs, want = c.xs, c.want
-        attn = ask("kv_cache.attention_case", *case[:3], sum(chunks), seed, scale, dtype)[0]  # the same layer, theirs
-        kind = str(dtype).removeprefix("torch.")
-        label = (f"attention_with_cache(<CausalSelfAttention(n_embd={n_embd}, n_head={n_head})"
-                 f"{'' if dtype == torch.float32 else f' in {kind}'}>, x, cache, 0)")
-        cache = call(KVCache, 1, label="KVCache(n_layer=1)")
-        outs, crashed, error = _attention_run(attention_with_cache, attn, xs, cache, label)
-        wrong = _first_wrong(outs, want)
-        if crashed is None and wrong is None:
-            length = call(lambda: cache.length, label="KVCache.length")
-            if length != sum(chunks):
-                fail(f"after {label} on chunks of {chunks} new positions, cache.length is {show(length)}, expected "
-                     f"{sum(chunks)}", _also("append every new position's key and value to the cache", because))
-            continue
-        j = wrong if crashed is None or (wrong is not None and wrong < crashed) else crashed
-        t_cached, t_new = sum(chunks[:j]), chunks[j]
-        inputs = f"{kind} x" if dtype != torch.float32 else "x" if scale == 1 else f"x of about {scale:g} times N(0, 1)"
-        where = (f"{label}, {inputs}, batch of {B}, chunks of {chunks} new positions: on chunk {j + 1} ({t_new} new "
-                 f"position{'s' * (t_new > 1)}, {t_cached} cached)")
-        # The same calls with a cache known to be right (it answers with the right keys and values): if they are
-        # right, the mistake is the learner's KVCache's.
-        scripted = make("kv_cache.ScriptedCache", c.cached)
-        trusted, trusted_crash, _ = _attention_run(attention_with_cache, attn, xs, scripted, label)
-        right = trusted_crash is None and _first_wrong(trusted, want) is None and _appended_right(scripted.given, c)
-        blame = _kv_cache_blame(KVCache) if right else ""
-        if crashed == j:
-            hint = blame or _also("the scores are (T_new, T): the mask must be causal_mask(T_new, T), not "
-                                  "causal_mask(T_new)" if t_new > 1 and t_cached else "", because)
-            fail(f"{where} raised {error}", hint)
-        got = outs[j]
-        if got.dtype != dtype:
-            fail(f"{where} returned {str(got.dtype).removeprefix('torch.')} outputs for {kind} inputs",
-                 blame or _also(f"keep x's dtype: a tensor made without dtype= (a mask of float values, a constant) "
-                                f"is float32 and turns the {kind} scores into float32", because))
-        if not bool(torch.isfinite(got).all()):
-            fail(f"{where}: the outputs hold nan or inf, where attention over the whole sequence gives finite "
-                 f"values up to {want[j].abs().max().item():.3g}", blame or _also(OVERFLOW if scale > 1 else "",
-                                                                                 because))
-        hint = blame or _also(_matching_mistake(c.attn, xs[:j + 1], outs[:j + 1]), because)
-        fail(f"{where}: the outputs differ from attention over the whole sequence by up to "
-             f"{_diff(got, want[j]):.2e}", hint)
+    n_embd, n_head, B, chunks, scale, dtype = case
+    c = _attention_chunks(case, seed)
+    xs, want = c.xs, c.want
+    attn = ask("kv_cache.attention_case", *case[:3], sum(chunks), seed, scale, dtype)[0]  # the same layer, theirs
+    kind = str(dtype).removeprefix("torch.")
+    label = (f"attention_with_cache(<CausalSelfAttention(n_embd={n_embd}, n_head={n_head})"
+             f"{'' if dtype == torch.float32 else f' in {kind}'}>, x, cache, 0)")
+    cache = call(KVCache, 1, label="KVCache(n_layer=1)")
+    outs, crashed, error = _attention_run(attention_with_cache, attn, xs, cache, label)
+    wrong = _first_wrong(outs, want)
+    if crashed is None and wrong is None:
+        length = call(lambda: cache.length, label="KVCache.length")
+        if length != sum(chunks):
+            fail(f"after {label} on chunks of {chunks} new positions, cache.length is {show(length)}, expected "
+                 f"{sum(chunks)}", _also("append every new position's key and value to the cache", because))
+        return
+    j = wrong if crashed is None or (wrong is not None and wrong < crashed) else crashed
+    t_cached, t_new = sum(chunks[:j]), chunks[j]
+    inputs = f"{kind} x" if dtype != torch.float32 else "x" if scale == 1 else f"x of about {scale:g} times N(0, 1)"
+    where = (f"{label}, {inputs}, batch of {B}, chunks of {chunks} new positions: on chunk {j + 1} ({t_new} new "
+             f"position{'s' * (t_new > 1)}, {t_cached} cached)")
+    # The same calls with a cache known to be right (it answers with the right keys and values): if they are
+    # right, the mistake is the learner's KVCache's.
+    scripted = make("kv_cache.ScriptedCache", c.cached)
+    trusted, trusted_crash, _ = _attention_run(attention_with_cache, attn, xs, scripted, label)
+    right = trusted_crash is None and _first_wrong(trusted, want) is None and _appended_right(scripted.given, c)
+    blame = _kv_cache_blame(KVCache) if right else ""
+    if crashed == j:
+        hint = blame or _also("the scores are (T_new, T): the mask must be causal_mask(T_new, T), not "
+                              "causal_mask(T_new)" if t_new > 1 and t_cached else "", because)
+        fail(f"{where} raised {error}", hint)
+    got = outs[j]
+    if got.dtype != dtype:
+        fail(f"{where} returned {str(got.dtype).removeprefix('torch.')} outputs for {kind} inputs",
+             blame or _also(f"keep x's dtype: a tensor made without dtype= (a mask of float values, a constant) "
+                            f"is float32 and turns the {kind} scores into float32", because))
+    if not bool(torch.isfinite(got).all()):
+        fail(f"{where}: the outputs hold nan or inf, where attention over the whole sequence gives finite "
+             f"values up to {want[j].abs().max().item():.3g}", blame or _also(OVERFLOW if scale > 1 else "",
+                                                                             because))
+    hint = blame or _also(_matching_mistake(c.attn, xs[:j + 1], outs[:j + 1]), because)
+    fail(f"{where}: the outputs differ from attention over the whole sequence {gap(got, want[j])}", hint)
 
 
 def _appended_right(given, c: _AttentionCase) -> bool:
@@ -546,67 +561,82 @@ FORWARD_MISTAKES = [
 ]
 
 
-@cell("test_forward_with_cache")
+LOGITS, FLOAT64_MODEL, ID_DTYPES = "logits chunk by chunk", "float64 weights", "int32, int16, int8 and uint8 ids"
+
+
+def _forward_part(case: ForwardCase) -> str:
+    return FLOAT64_MODEL if case.dtype == torch.float64 else ID_DTYPES if case.ids_dtype != torch.int64 else LOGITS
+
+
+@cell("test_forward_with_cache", parts={LOGITS: 3, FLOAT64_MODEL: 1, ID_DTYPES: 1})
 def check_forward_with_cache(forward_with_cache, KVCache):
-    because = because_of(**USES_ATTENTION)
     theirs = {}  # the learner's side's model of each shape and dtype
-    for shape, B, chunks, dtype, ids_dtype in _forward_cases():
-        model = _models(shape, dtype)
-        theirs[shape, dtype] = theirs.get((shape, dtype)) or _model(shape, dtype)
-        cfg = model.config
-        idx = _ids((B, sum(chunks)), cfg.vocab_size, seed=720 + B)
-        with torch.no_grad():
-            want_all = model(idx)  # the same model without a cache, on the whole sequence
-        idx = idx.to(ids_dtype)
-        bounds = [sum(chunks[:j]) for j in range(len(chunks) + 1)]
-        parts = [idx[:, a:b] for a, b in zip(bounds, bounds[1:])]
-        kinds = ", ".join(f"{str(t).removeprefix('torch.')} {what}" for t, what, usual in
-                          ((dtype, "weights", torch.float32), (ids_dtype, "ids", torch.int64)) if t != usual)
-        label = (f"forward_with_cache(<GPT n_layer={cfg.n_layer}, n_head={cfg.n_head}, block_size={cfg.block_size}>, "
-                 f"idx, cache) on a batch of {B}{f' ({kinds})' if kinds else ''}, fed chunks of {chunks} tokens")
-        cache = call(KVCache, cfg.n_layer, label="KVCache(n_layer)")
-        outs = []
-        for j, part in enumerate(parts):
-            where = f"{label}: chunk {j + 1} ({part.shape[1]} new, {bounds[j]} cached)"
-            try:
-                got = forward_with_cache(theirs[shape, dtype], part, cache)
-            except NotImplementedError as err:
-                raise not_written(where, err) from None
-            except LearnerError as err:  # the learner's bug, reported with the call that caused it
-                fail(f"{where} raised {describe_error(err)}",
-                     _forward_crash_hint(str(err), KVCache, j, part.shape[1], because))
-            want = want_all[:, bounds[j]:bounds[j + 1]]
-            if not isinstance(got, torch.Tensor):
-                fail(f"{where} returned {_type_name(got)}, expected logits of shape {tuple(want.shape)}")
-            if got.requires_grad:
-                fail(f"{where} returned logits that are part of a gradient graph",
-                     "run the model under torch.no_grad(): otherwise every cached key and value keeps the graph of "
-                     "all the steps before it alive")
-            if got.shape != want.shape:
-                hint = "return the logits of every new position, (B, T_new, vocab_size)" \
-                    if got.shape[-1] == cfg.vocab_size else "the logits come from model.lm_head(model.ln_f(x))"
-                fail(f"{where} returned shape {_shape(got)}, expected {tuple(want.shape)}", _also(hint, because))
-            outs.append(got)
-            if got.dtype != want.dtype:
-                fail(f"{where} returned {str(got.dtype).removeprefix('torch.')} logits, expected "
-                     f"{str(want.dtype).removeprefix('torch.')} (the model's dtype)",
-                     _kv_cache_blame(KVCache) or _also("keep the model's dtype: no .float() and no tensor made "
-                                                       "without dtype= in the way of the activations", because))
-            if not _close(got, want):
-                hint = _kv_cache_blame(KVCache) or _forward_mistake(model, parts[:j + 1], outs, because)
-                if not hint:
-                    hint = _also(("the prefill (an empty cache) must give the uncached model's logits: each block is "
-                                  "x + attention_with_cache(block.attn, block.ln_1(x), cache, i), then "
-                                  "x + block.mlp(block.ln_2(x)); then ln_f and lm_head") if j == 0 else
-                                 "check the positions (offset=cache.length) and that block i uses layer i of the cache",
-                                 because)
-                fail(f"{where}: the logits differ from the uncached model's on the whole sequence by up to "
-                     f"{_diff(got, want):.2e}", hint)
-            length = call(lambda: cache.length, label="KVCache.length")
-            if length != bounds[j + 1]:
-                fail(f"{where}: afterwards cache.length is {show(length)}, expected {bounds[j + 1]}",
-                     _also("every block appends the new positions' keys and values to its own layer of the cache",
-                           because))
+    for name in (LOGITS, FLOAT64_MODEL, ID_DTYPES):
+        with part(name):
+            for case in _forward_cases():
+                if _forward_part(case) == name:
+                    _check_forward_case(forward_with_cache, KVCache, case, theirs)
+
+
+def _check_forward_case(forward_with_cache, KVCache, case: ForwardCase, theirs: dict) -> None:
+    because = because_of(**USES_ATTENTION)
+    shape, B, chunks, dtype, ids_dtype = case
+    model = _models(shape, dtype)
+    theirs[shape, dtype] = theirs.get((shape, dtype)) or _model(shape, dtype)
+    cfg = model.config
+    idx = _ids((B, sum(chunks)), cfg.vocab_size, seed=720 + B)
+    with torch.no_grad():
+        want_all = model(idx)  # the same model without a cache, on the whole sequence
+    idx = idx.to(ids_dtype)
+    bounds = [sum(chunks[:j]) for j in range(len(chunks) + 1)]
+    pieces = [idx[:, a:b] for a, b in zip(bounds, bounds[1:])]
+    kinds = ", ".join(f"{str(t).removeprefix('torch.')} {what}" for t, what, usual in
+                      ((dtype, "weights", torch.float32), (ids_dtype, "ids", torch.int64)) if t != usual)
+    label = (f"forward_with_cache(<GPT n_layer={cfg.n_layer}, n_head={cfg.n_head}, block_size={cfg.block_size}>, "
+             f"idx, cache) on a batch of {B}{f' ({kinds})' if kinds else ''}, fed chunks of {chunks} tokens")
+    cache = call(KVCache, cfg.n_layer, label="KVCache(n_layer)")
+    outs = []
+    for j, piece in enumerate(pieces):
+        where = f"{label}: chunk {j + 1} ({piece.shape[1]} new, {bounds[j]} cached)"
+        try:
+            got = forward_with_cache(theirs[shape, dtype], piece, cache)
+        except NotImplementedError as err:
+            raise not_written(where, err) from None
+        except LearnerError as err:  # the learner's bug, reported with the call that caused it
+            fail(f"{where} raised {describe_error(err)}",
+                 _forward_crash_hint(str(err), KVCache, j, piece.shape[1], because))
+        want = want_all[:, bounds[j]:bounds[j + 1]]
+        if not isinstance(got, torch.Tensor):
+            fail(f"{where} returned {_type_name(got)}, expected logits of shape {tuple(want.shape)}")
+        if got.requires_grad:
+            fail(f"{where} returned logits that are part of a gradient graph",
+                 "run the model under torch.no_grad(): otherwise every cached key and value keeps the graph of "
+                 "all the steps before it alive")
+        if got.shape != want.shape:
+            hint = "return the logits of every new position, (B, T_new, vocab_size)" \
+                if got.shape[-1] == cfg.vocab_size else "the logits come from model.lm_head(model.ln_f(x))"
+            fail(f"{where} returned shape {_shape(got)}, expected {tuple(want.shape)}", _also(hint, because))
+        outs.append(got)
+        if got.dtype != want.dtype:
+            fail(f"{where} returned {str(got.dtype).removeprefix('torch.')} logits, expected "
+                 f"{str(want.dtype).removeprefix('torch.')} (the model's dtype)",
+                 _kv_cache_blame(KVCache) or _also("keep the model's dtype: no .float() and no tensor made "
+                                                   "without dtype= in the way of the activations", because))
+        if not _close(got, want):
+            hint = _kv_cache_blame(KVCache) or _forward_mistake(model, pieces[:j + 1], outs, because)
+            if not hint:
+                hint = _also(("the prefill (an empty cache) must give the uncached model's logits: each block is "
+                              "x + attention_with_cache(block.attn, block.ln_1(x), cache, i), then "
+                              "x + block.mlp(block.ln_2(x)); then ln_f and lm_head") if j == 0 else
+                             "check the positions (offset=cache.length) and that block i uses layer i of the cache",
+                             because)
+            fail(f"{where}: the logits differ from the uncached model's on the whole sequence {gap(got, want)}",
+                 hint)
+        length = call(lambda: cache.length, label="KVCache.length")
+        if length != bounds[j + 1]:
+            fail(f"{where}: afterwards cache.length is {show(length)}, expected {bounds[j + 1]}",
+                 _also("every block appends the new positions' keys and values to its own layer of the cache",
+                       because))
 
 
 def _forward_crash_hint(error: str, KVCache, j: int, t_new: int, because: str) -> str:
@@ -697,7 +727,7 @@ def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode:
             want_rows = model(torch.tensor([ids]))[0, -rows.shape[0]:]
         if not _close(rows, want_rows):
             fail(f"{label}: the last row of the logits is right, but the {rows.shape[0]} rows differ from the "
-                 f"uncached model's logits of the last {rows.shape[0]} positions by up to {_diff(rows, want_rows):.2e}",
+                 f"uncached model's logits of the last {rows.shape[0]} positions {gap(rows, want_rows)}",
                  _also("return forward_with_cache's logits as they are, every row", because))
         return positions
     hint = next((_also(why, because) for seq, why in candidates if len(seq) <= model.config.block_size
@@ -707,7 +737,7 @@ def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode:
                          for mistake, why in FORWARD_MISTAKES
                          if (replay := _replay(model, parts, mistake)) is not None
                          and _close(got, replay[-1][0, -1])), "")
-    fail(f"{label}: the last row of the logits differs from the uncached model's by up to {_diff(got, want):.2e}",
+    fail(f"{label}: the last row of the logits differs from the uncached model's {gap(got, want)}",
          hint or because or BUILT_ON)
 
 
@@ -834,8 +864,8 @@ def _check_window(CachedModel, model, theirs, prompt, because) -> None:
         rows = _logits(out, label, window, positions, model.config.vocab_size, because)
         want = _plain_last(model, window)
         if not _close(rows[-1], want):
-            fail(f"{label}: the last row of the logits differs from the uncached model's by up to "
-                 f"{_diff(rows[-1], want):.2e}", _also(hint, because))
+            fail(f"{label}: the last row of the logits differs from the uncached model's {gap(rows[-1], want)}",
+                 _also(hint, because))
         if step and not slid:  # the call before was window[:-1]: its cache is there
             full = len(window) == block
             _one_position(positions, f"{label}{' (a window exactly full)' if full else ''}",
@@ -855,7 +885,7 @@ def _check_memory(CachedModel, model, theirs) -> None:
              label=f"token_stream(CachedModel(<GPT>, max_entries={max_entries}), <4 ids>, 5)")
     held = call(ask, "kv_cache.held_bytes", cm, label=f"the tensors that CachedModel(<GPT>, max_entries={max_entries}) "
                                                       "holds after 24 prompts")
-    if held > 2 * max_entries * per_cache:
+    if not (isinstance(held, int) and held <= 2 * max_entries * per_cache):
         fail(f"CachedModel(<GPT>, max_entries={max_entries}) holds {held:,} bytes of tensors after 24 prompts of "
              f"9 tokens; {max_entries} caches of a full window hold at most {max_entries * per_cache:,}",
              "memory grows without bound: keep at most max_entries caches, dropping the least recently used")
@@ -908,23 +938,37 @@ def _first_difference(got, want, prompt_len, block) -> str:
     return f"the tokens differ from step {k + 1} on"
 
 
-@cell("test_cached_model")
+PROBES, TWO_MODELS, EVICTION, WINDOW, LOOPS, MEMORY = (
+    "prefill, decode steps and beams", "two models' caches apart", "the least recently used goes first",
+    "a window that fills up and slides", "the loops of chapters 5 and 6", "memory stays bounded")
+
+
+@cell("test_cached_model", parts={PROBES: 3, TWO_MODELS: 1, EVICTION: 1, WINDOW: 1, LOOPS: 2, MEMORY: 1})
 def check_cached_model(CachedModel):
     because = because_of(**USES_FORWARD)
-    theirs = {}  # the learner's side's model of each shape
+    runs = []  # (the reference model, the same on the learner's side, p, q) of each shape
     for shape, prompt_len in (("a", 5), ("b", 3)):
-        model, theirs[shape] = _models(shape), _model(shape)
+        model = _models(shape)
         vocab = model.config.vocab_size
-        p = _ids((prompt_len,), vocab, seed=730).tolist()
-        q = _ids((prompt_len + 2,), vocab, seed=731).tolist()
-        _check_probes(CachedModel, model, theirs[shape], (p, q), because)
-        if shape == "a":
-            r = _ids((prompt_len + 1,), vocab, seed=732).tolist()
-            _check_two_models(CachedModel, model, _models("c"), theirs[shape], _model("c"), q, because)
-            _check_eviction(CachedModel, model, theirs[shape], (p, q, r), because)
-        _check_window(CachedModel, model, theirs[shape], p, because)
-        _check_loops(CachedModel, model, theirs[shape], p, q, because)
-    _check_memory(CachedModel, _models("a"), theirs["a"])
+        runs.append((model, _model(shape), _ids((prompt_len,), vocab, seed=730).tolist(),
+                     _ids((prompt_len + 2,), vocab, seed=731).tolist()))
+    (model, theirs, p, q), _ = runs
+    with part(PROBES):
+        for model_, theirs_, p_, q_ in runs:
+            _check_probes(CachedModel, model_, theirs_, (p_, q_), because)
+    with part(TWO_MODELS):
+        _check_two_models(CachedModel, model, _models("c"), theirs, _model("c"), q, because)
+    with part(EVICTION):
+        r = _ids((len(p) + 1,), model.config.vocab_size, seed=732).tolist()
+        _check_eviction(CachedModel, model, theirs, (p, q, r), because)
+    with part(WINDOW):
+        for model_, theirs_, p_, _ in runs:
+            _check_window(CachedModel, model_, theirs_, p_, because)
+    with part(LOOPS):
+        for model_, theirs_, p_, q_ in runs:
+            _check_loops(CachedModel, model_, theirs_, p_, q_, because)
+    with part(MEMORY):
+        _check_memory(CachedModel, model, theirs)
 
 
 # ---------------------------------------------------------------- kv_cache_bytes

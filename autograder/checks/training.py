@@ -16,9 +16,10 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from autograder.checks import gap
 from autograder.helpers import training as recipes
-from autograder.judge import ask, because_of, cell, make, seeded, type_of
-from coursekit.testing import call, describe_error, expect_raises, fail, show
+from autograder.judge import ask, because_of, cell, make, part, seeded, type_of
+from coursekit.testing import call, close, expect_raises, fail, show
 from minigpt import training as reference
 
 CHAPTER = "chapter 8 (training)"
@@ -36,15 +37,28 @@ def _tensor(label: str, got, shape, dtype=None) -> torch.Tensor:
     return got
 
 
+def _same(got, want, *, atol: float, rtol: float) -> bool:
+    """``coursekit.testing.close`` for Python numbers, or lists of them, read as float64: close reads them as
+    float32, in which e ** 100 is inf and 1e-3 * (1 + 1e-8) is 1e-3."""
+    try:
+        got, want = torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # not numbers, or ragged lists
+        return False
+    return close(got, want, atol=atol, rtol=rtol)
+
+
 def _stream(n: int, seed: int, vocab: int = 50257, dtype=torch.long) -> torch.Tensor:
     return torch.randint(vocab, (n,), generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 # ---------------------------------------------------------------- get_batch
 
-BATCH_CASES = [  # (length of the stream, batch_size, block_size, seed, dtype of the ids)
-    (100, 4, 8, 0, torch.long), (50, 1, 16, 1, torch.long), (9, 3, 8, 2, torch.long), (1000, 16, 32, 3, torch.long),
-    (64, 5, 4, 4, torch.int32), (64, 2, 6, 5, torch.int16), (40, 3, 5, 6, torch.uint8), (20, 0, 5, 7, torch.long),
+WINDOWS, ID_DTYPES, NO_WINDOWS, BAD_IDS = ("windows and targets", "int32, int16 and uint8 ids", "a batch of 0 windows",
+                                           "errors for bad ids")
+BATCH_CASES = [  # (length of the stream, batch_size, block_size, seed, dtype of the ids, part)
+    (100, 4, 8, 0, torch.long, WINDOWS), (50, 1, 16, 1, torch.long, WINDOWS), (9, 3, 8, 2, torch.long, WINDOWS),
+    (1000, 16, 32, 3, torch.long, WINDOWS), (64, 5, 4, 4, torch.int32, ID_DTYPES),
+    (64, 2, 6, 5, torch.int16, ID_DTYPES), (40, 3, 5, 6, torch.uint8, ID_DTYPES), (20, 0, 5, 7, torch.long, NO_WINDOWS),
 ]
 
 
@@ -64,50 +78,63 @@ def _batch_mistake(ids, B, T, seed, x, y) -> str:
             "x = the window at each start and y = the window one token further")
 
 
-@cell("test_get_batch")
+@cell("test_get_batch", parts={WINDOWS: 4, ID_DTYPES: 1, NO_WINDOWS: 1, BAD_IDS: 1})
 def check_get_batch(get_batch):
-    for n, B, T, seed, dtype in BATCH_CASES:
-        ids = _stream(n, seed, vocab=250 if dtype == torch.uint8 else 50257, dtype=dtype)
-        label = f"get_batch(<{n} ids of dtype {str(dtype).removeprefix('torch.')}>, {B}, {T}, <a generator seeded {seed}>)"
-        answer = call(ask, "training.run", get_batch, ids, B, T, generator=make("training.generator", seed),
-                      label=label)
-        got, changed = answer
-        if changed[0]:
-            fail(f"{label} changed the ids it was given", "read ids, never write into them")
-        if not isinstance(got, tuple) or len(got) != 2:
-            fail(f"{label} returned {show(got)}, expected a pair (x, y)", "return x, y")
-        want_x, want_y = reference.get_batch(ids, B, T, torch.Generator().manual_seed(seed))
-        x = _tensor(f"{label}[0] (x)", got[0], want_x.shape, torch.long)
-        y = _tensor(f"{label}[1] (y)", got[1], want_y.shape, torch.long)
-        if not (torch.equal(x, want_x) and torch.equal(y, want_y)):
-            fail(f"{label} returned windows that differ from the expected ones (x[0] = {show(x[0].tolist() if B else [])}, "
-                 f"expected {show(want_x[0].tolist() if B else [])}; y[0] = {show(y[0].tolist() if B else [])}, expected "
-                 f"{show(want_y[0].tolist() if B else [])})", _batch_mistake(ids.long(), B, T, seed, x, y))
-    for ids, B, T in ((_stream(8, 0), 2, 8), (_stream(3, 0), 1, 8), (_stream(20, 0).reshape(4, 5), 2, 3)):
-        expect_raises(ValueError, get_batch, ids, B, T, make("training.generator", 0), name="get_batch",
-                      hint="check the ids first: one stream (1-D) of at least block_size + 1 ids, a window and "
-                           "its target")
+    for name in (WINDOWS, ID_DTYPES, NO_WINDOWS):
+        with part(name):
+            for n, B, T, seed, dtype, case_part in BATCH_CASES:
+                if case_part == name:
+                    _check_batch(get_batch, n, B, T, seed, dtype)
+    with part(BAD_IDS):
+        for ids, B, T in ((_stream(8, 0), 2, 8), (_stream(3, 0), 1, 8), (_stream(20, 0).reshape(4, 5), 2, 3)):
+            expect_raises(ValueError, get_batch, ids, B, T, make("training.generator", 0), name="get_batch",
+                          hint="check the ids first: one stream (1-D) of at least block_size + 1 ids, a window and "
+                               "its target")
+
+
+def _check_batch(get_batch, n, B, T, seed, dtype):
+    ids = _stream(n, seed, vocab=250 if dtype == torch.uint8 else 50257, dtype=dtype)
+    label = f"get_batch(<{n} ids of dtype {str(dtype).removeprefix('torch.')}>, {B}, {T}, <a generator seeded {seed}>)"
+    answer = call(ask, "training.run", get_batch, ids, B, T, generator=make("training.generator", seed), label=label)
+    got, changed = answer
+    if changed[0]:
+        fail(f"{label} changed the ids it was given", "read ids, never write into them")
+    if not isinstance(got, tuple) or len(got) != 2:
+        fail(f"{label} returned {show(got)}, expected a pair (x, y)", "return x, y")
+    want_x, want_y = reference.get_batch(ids, B, T, torch.Generator().manual_seed(seed))
+    x = _tensor(f"{label}[0] (x)", got[0], want_x.shape, torch.long)
+    y = _tensor(f"{label}[1] (y)", got[1], want_y.shape, torch.long)
+    if not (torch.equal(x, want_x) and torch.equal(y, want_y)):
+        fail(f"{label} returned windows that differ from the expected ones (x[0] = {show(x[0].tolist() if B else [])}, "
+             f"expected {show(want_x[0].tolist() if B else [])}; y[0] = {show(y[0].tolist() if B else [])}, expected "
+             f"{show(want_y[0].tolist() if B else [])})", _batch_mistake(ids.long(), B, T, seed, x, y))
 
 
 # ---------------------------------------------------------------- cross_entropy and perplexity
 
+LOSSES, LARGE, MASKED, DTYPES, GRADIENTS, BAD_SHAPES, PERPLEXITY = (
+    "loss values", "logits near +-1000", "logits of -inf", "float64 logits and int32 targets", "gradients",
+    "errors for bad shapes", "perplexity")
+
+
 def _ce_cases():
+    """(logits, targets, what they are, the part of test_cross_entropy they belong to)."""
     g = torch.Generator().manual_seed(80)
-    cases = [(torch.randn(2, 3, 7, generator=g), "random logits (2, 3, 7)"),
-             (torch.randn(1, 1, 5, generator=g), "one position (1, 1, 5)"),
-             (torch.randn(4, 9, 50257, generator=g) * 3, "GPT-2's vocabulary (4, 9, 50257)"),
-             (torch.randn(2, 5, 11, generator=g) * 1000, "logits near +-1000 (exp overflows in float32)"),
-             (torch.randn(3, 4, 6, generator=g, dtype=torch.float64), "float64 logits"),
-             (torch.full((2, 2, 4), 7.5), "all logits equal")]
+    cases = [(torch.randn(2, 3, 7, generator=g), "random logits (2, 3, 7)", LOSSES),
+             (torch.randn(1, 1, 5, generator=g), "one position (1, 1, 5)", LOSSES),
+             (torch.randn(4, 9, 50257, generator=g) * 3, "GPT-2's vocabulary (4, 9, 50257)", LOSSES),
+             (torch.randn(2, 5, 11, generator=g) * 1000, "logits near +-1000 (exp overflows in float32)", LARGE),
+             (torch.randn(3, 4, 6, generator=g, dtype=torch.float64), "float64 logits", DTYPES),
+             (torch.full((2, 2, 4), 7.5), "all logits equal", LOSSES)]
     masked = torch.randn(2, 3, 8, generator=g)
     masked[..., 5:] = float("-inf")  # tokens that can never come: the targets are among the others
-    cases.append((masked, "logits with -inf for impossible tokens"))
+    cases.append((masked, "logits with -inf for impossible tokens", MASKED))
     out = []
-    for logits, what in cases:
+    for logits, what, name in cases:
         V = logits.shape[-1]
         targets = torch.randint(min(V, 5), logits.shape[:2], generator=g)
-        out.append((logits, targets, what))
-    out.append((out[0][0], out[0][1].int(), "int32 targets"))
+        out.append((logits, targets, what, name))
+    out.append((out[0][0], out[0][1].int(), "int32 targets", DTYPES))
     return out
 
 
@@ -122,52 +149,83 @@ def _ce_mistake(logits, targets, got) -> str:
                    "softmax over the wrong dimension: normalise over the vocabulary, the last dimension"),
                   (nll.mean(dim=-1).sum() if nll.dim() > 1 else nll.sum(), "the mean must be over all B * T positions")]
     for value, hint in candidates:
-        if math.isfinite(value.item()) and abs(got - value.item()) <= 1e-4 * max(1.0, abs(value.item())):
+        if math.isfinite(value.item()) and _same(got, value.item(), atol=1e-4, rtol=1e-4):
             return hint
+    if not math.isfinite(got) and torch.isneginf(logits).any():
+        return ("the loss is not a number where some logits are -inf (tokens that can never come): 0 * -inf is nan, "
+                "so a one-hot vector (or a mask) multiplied with the log-probabilities picks nan up from the tokens "
+                "it leaves out. Pick the target's log-probability with gather (or by indexing), which never touches "
+                "the others")
     if not math.isfinite(got):
         return "exp of a large logit overflows to inf: use torch.logsumexp (or subtract the largest logit first)"
     return "-log softmax(logits)[target] at each position, then the mean"
 
 
-@cell("test_cross_entropy")
+PERPLEXITY_CASES = (0.0, 1.0, math.log(50257), 4.6, 100.0)  # e ** 100 is finite in float64, inf in float32
+
+
+@cell("test_cross_entropy", parts={LOSSES: 3, LARGE: 2, MASKED: 1, DTYPES: 1, GRADIENTS: 2, BAD_SHAPES: 1,
+                                   PERPLEXITY: 2})
 def check_cross_entropy(cross_entropy, perplexity):
-    for logits, targets, what in _ce_cases():
-        label = f"cross_entropy(<{what}>, <targets {tuple(targets.shape)}>)"
-        answer = call(ask, "training.gradient_norms", cross_entropy, logits, targets, label=label)
-        got, grad = answer["loss"], answer["grad"]
-        want = F.cross_entropy(logits.flatten(0, 1), targets.long().flatten())
-        if not isinstance(got, torch.Tensor) or got.dim() != 0:
-            fail(f"{label} returned {show(got)}, expected a 0-d tensor (a single number gradients flow through)",
-                 "return the mean as a tensor, not .item()")
-        if not math.isfinite(got.item()) or abs(got.item() - want.item()) > 1e-4 * max(1.0, abs(want.item())):
-            fail(f"{label} returned {got.item():.6g}, expected {want.item():.6g} (F.cross_entropy)",
-                 _ce_mistake(logits, targets, got))
-        if got.dtype != logits.dtype:
-            fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} loss for "
-                 f"{str(logits.dtype).removeprefix('torch.')} logits", "keep the logits' dtype")
-        leaf = logits.clone().requires_grad_(True)
-        F.cross_entropy(leaf.flatten(0, 1), targets.long().flatten()).backward()
-        if grad is None:
-            fail(f"{label}: no gradient reached the logits",
-                 "compute the loss with torch operations on the logits (no .item(), .detach(), numpy or torch.no_grad())")
-        if not torch.allclose(grad.double(), leaf.grad.double(), atol=2e-5, rtol=1e-3, equal_nan=False):
-            fail(f"{label}: the gradient of your loss differs from F.cross_entropy's by up to "
-                 f"{(grad.double() - leaf.grad.double()).abs().max().item():.2e}",
-                 "a mean over all positions; the largest logit subtracted inside logsumexp, not detached by hand")
-    for shapes in (((2, 3, 7), (3, 2)), ((2, 3, 7), (2, 3, 1)), ((6, 7), (6,))):
-        logits, targets = torch.zeros(*shapes[0]), torch.zeros(*shapes[1], dtype=torch.long)
-        expect_raises(ValueError, cross_entropy, logits, targets, name="cross_entropy",
-                      hint="logits are (B, T, V) and targets (B, T): check logits.dim() == 3 and "
-                           "targets.shape == logits.shape[:2] first")
-    for loss in (0.0, 1.0, math.log(50257), 4.6):
-        got = call(perplexity, loss, name="perplexity")
-        if not isinstance(got, float) or abs(got - math.exp(loss)) > 1e-6 * math.exp(loss):
-            fail(f"perplexity({loss:.4g}) returned {show(got)}, expected {math.exp(loss):.6g}",
-                 "e ** loss, as a float: math.exp(float(loss))")
-    got = call(perplexity, torch.tensor(2.0), name="perplexity")
-    if not isinstance(got, float) or abs(got - math.exp(2.0)) > 1e-5:
-        fail(f"perplexity(tensor(2.)) returned {show(got)}, expected {math.exp(2.0):.6g} as a float",
-             "accept a 0-d tensor too: float(loss)")
+    answers = []  # (label, the gradient that reached the logits, logits, targets) of each call that returned
+    for name in (LOSSES, LARGE, MASKED, DTYPES):
+        with part(name):
+            for logits, targets, what, case_part in _ce_cases():
+                if case_part != name:
+                    continue
+                label = f"cross_entropy(<{what}>, <targets {tuple(targets.shape)}>)"
+                answer = call(ask, "training.gradient_norms", cross_entropy, logits, targets, label=label)
+                answers.append((label, answer["grad"], logits, targets))  # checked whatever the loss was
+                _check_loss(label, answer["loss"], logits, targets)
+    if answers:  # (no call returned: the part is not reached, and fails)
+        with part(GRADIENTS):
+            for label, grad, logits, targets in answers:
+                _check_gradient(label, grad, logits, targets)
+    with part(BAD_SHAPES):
+        for shapes in (((2, 3, 7), (3, 2)), ((2, 3, 7), (2, 3, 1)), ((6, 7), (6,))):
+            logits, targets = torch.zeros(*shapes[0]), torch.zeros(*shapes[1], dtype=torch.long)
+            expect_raises(ValueError, cross_entropy, logits, targets, name="cross_entropy",
+                          hint="logits are (B, T, V) and targets (B, T): check logits.dim() == 3 and "
+                               "targets.shape == logits.shape[:2] first")
+    with part(PERPLEXITY):
+        for loss in PERPLEXITY_CASES:
+            got, want = call(perplexity, loss, name="perplexity"), math.exp(loss)
+            if not isinstance(got, float) or not _same(got, want, atol=0, rtol=1e-6):
+                overflow = isinstance(got, float) and got == math.inf
+                fail(f"perplexity({loss:.4g}) returned {show(got)}, expected {want:.6g}",
+                     "e ** loss overflows float32 above a loss of about 88.7: compute it as a Python float (float64), "
+                     "math.exp(float(loss))" if overflow else "e ** loss, as a float: math.exp(float(loss))")
+        got = call(perplexity, torch.tensor(2.0), name="perplexity")
+        if not isinstance(got, float) or not _same(got, math.exp(2.0), atol=1e-5, rtol=0):
+            fail(f"perplexity(tensor(2.)) returned {show(got)}, expected {math.exp(2.0):.6g} as a float",
+                 "accept a 0-d tensor too: float(loss)")
+
+
+def _check_loss(label: str, got, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    want = F.cross_entropy(logits.flatten(0, 1), targets.long().flatten())
+    if not isinstance(got, torch.Tensor) or got.dim() != 0:
+        fail(f"{label} returned {show(got)}, expected a 0-d tensor (a single number gradients flow through)",
+             "return the mean as a tensor, not .item()")
+    if not close(got, want, atol=1e-4, rtol=1e-4):
+        fail(f"{label} returned {got.item():.6g}, expected {want.item():.6g} (F.cross_entropy)",
+             _ce_mistake(logits, targets, got))
+    if got.dtype != logits.dtype:
+        fail(f"{label} returned a {str(got.dtype).removeprefix('torch.')} loss for "
+             f"{str(logits.dtype).removeprefix('torch.')} logits", "keep the logits' dtype")
+
+
+def _check_gradient(label: str, grad, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    leaf = logits.clone().requires_grad_(True)
+    F.cross_entropy(leaf.flatten(0, 1), targets.long().flatten()).backward()
+    if grad is None:
+        fail(f"{label}: no gradient reached the logits",
+             "compute the loss with torch operations on the logits (no .item(), .detach(), numpy or torch.no_grad())")
+    if not isinstance(grad, torch.Tensor) or grad.shape != leaf.grad.shape:
+        fail(f"{label}: the gradient that reached the logits is {show(grad)}, expected one of shape "
+             f"{tuple(leaf.grad.shape)}")
+    if not close(grad, leaf.grad, atol=2e-5, rtol=1e-3):
+        fail(f"{label}: the gradient of your loss differs from F.cross_entropy's {gap(grad, leaf.grad)}",
+             "a mean over all positions; the largest logit subtracted inside logsumexp, not detached by hand")
 
 
 # ---------------------------------------------------------------- estimate_loss
@@ -183,40 +241,56 @@ def _tiny(seed: int):
         return recipes.tiny_gpt(seed)
 
 
-@cell("test_estimate_loss")
+MEAN, NO_GRAD, MODE_BACK = ("the mean loss", "without gradients, in eval mode", "gives the model back in its mode")
+
+
+@cell("test_estimate_loss", parts={MEAN: 3, NO_GRAD: 1, MODE_BACK: 1})
 def check_estimate_loss(estimate_loss):
-    for seed, n, windows, batch_size, training in ESTIMATE_CASES:
-        model = make("training.Watched", make("training.tiny_gpt", seed))
-        ours = _tiny(seed)
-        ids = _stream(n, seed + 100, vocab=97)
-        starts = reference.spread(ids, ours.config.block_size, windows)
-        model.train(training)
-        label = (f"estimate_loss(<GPT>, <{n} ids>, <{windows} starts>, {ours.config.block_size}, "
-                 f"batch_size={batch_size}) on a model in {'training' if training else 'eval'} mode")
-        got = call(estimate_loss, model, ids, starts, ours.config.block_size, batch_size, label=label,
-                   hint=because_of(cross_entropy="test_cross_entropy"))
-        with _lock:
-            want = reference.estimate_loss(ours, ids, starts, ours.config.block_size, batch_size)
-        calls = model.calls
-        if not isinstance(got, (float, int)) or isinstance(got, bool):
-            fail(f"{label} returned {show(got)}, expected a float", "return the mean loss as a float (.item())")
-        if abs(got - want) > 1e-4:
-            hint = ""
-            plain_mean = _unweighted(ours, ids, starts, batch_size)
-            if plain_mean is not None and abs(got - plain_mean) < 1e-5:
-                hint = ("you averaged the chunks' losses: a last, smaller chunk counts as much as a full one. Weigh "
-                        "each chunk by its number of windows")
-            fail(f"{label} returned {got:.6f}, expected {want:.6f}",
-                 hint or because_of(cross_entropy="test_cross_entropy")
-                 or "the mean cross-entropy over the windows at starts, each window counting once")
-        if any(grad for _, grad in calls):
-            fail(f"{label} ran the model with gradients on",
-                 "measuring needs no gradients: decorate with @torch.no_grad() or use `with torch.no_grad():`")
-        if any(mode for mode, _ in calls):
-            fail(f"{label} ran the model in training mode", "call model.eval() before measuring (dropout off)")
-        if model.training != training:
-            fail(f"{label} left the model in {'training' if model.training else 'eval'} mode",
-                 "give the model back in the mode it was in: remember model.training, restore it at the end")
+    returned = []  # (label, the watched model, its mode before) of each call that returned
+    with part(MEAN):
+        for seed, n, windows, batch_size, training in ESTIMATE_CASES:
+            model = make("training.Watched", make("training.tiny_gpt", seed))
+            ours = _tiny(seed)
+            ids = _stream(n, seed + 100, vocab=97)
+            starts = reference.spread(ids, ours.config.block_size, windows)
+            model.train(training)
+            label = (f"estimate_loss(<GPT>, <{n} ids>, <{windows} starts>, {ours.config.block_size}, "
+                     f"batch_size={batch_size}) on a model in {'training' if training else 'eval'} mode")
+            got = call(estimate_loss, model, ids, starts, ours.config.block_size, batch_size, label=label,
+                       hint=because_of(cross_entropy="test_cross_entropy"))
+            returned.append((label, model, training))
+            with _lock:
+                want = reference.estimate_loss(ours, ids, starts, ours.config.block_size, batch_size)
+            _check_mean(label, got, want, ours, ids, starts, batch_size)
+    if not returned:  # what the model saw and its mode afterwards tell nothing of calls that crashed
+        return
+    with part(NO_GRAD):
+        for label, model, _ in returned:
+            calls = model.calls
+            if any(grad for _, grad in calls):
+                fail(f"{label} ran the model with gradients on",
+                     "measuring needs no gradients: decorate with @torch.no_grad() or use `with torch.no_grad():`")
+            if any(mode for mode, _ in calls):
+                fail(f"{label} ran the model in training mode", "call model.eval() before measuring (dropout off)")
+    with part(MODE_BACK):
+        for label, model, training in returned:
+            if model.training != training:
+                fail(f"{label} left the model in {'training' if model.training else 'eval'} mode",
+                     "give the model back in the mode it was in: remember model.training, restore it at the end")
+
+
+def _check_mean(label: str, got, want: float, ours, ids, starts, batch_size) -> None:
+    if not isinstance(got, (float, int)) or isinstance(got, bool):
+        fail(f"{label} returned {show(got)}, expected a float", "return the mean loss as a float (.item())")
+    if not _same(got, want, atol=1e-4, rtol=0):
+        hint = ""
+        plain_mean = _unweighted(ours, ids, starts, batch_size)
+        if plain_mean is not None and _same(got, plain_mean, atol=1e-5, rtol=0):
+            hint = ("you averaged the chunks' losses: a last, smaller chunk counts as much as a full one. Weigh "
+                    "each chunk by its number of windows")
+        fail(f"{label} returned {got:.6f}, expected {want:.6f}",
+             hint or because_of(cross_entropy="test_cross_entropy")
+             or "the mean cross-entropy over the windows at starts, each window counting once")
 
 
 def _unweighted(model, ids, starts, batch_size) -> float | None:
@@ -268,36 +342,50 @@ def _lambda_lr(schedule: dict, steps: int) -> list[float]:
     return rates
 
 
-@cell("test_lr_at")
+WARM_UP, COSINE, FLOOR, BAD_SCHEDULES = ("the warm-up", "the cosine decay", "min_lr after max_steps",
+                                        "errors for bad schedules")
+
+
+def _phase(step: int, schedule: dict) -> str:
+    """The part of test_lr_at that a step of ``schedule`` belongs to."""
+    if step < schedule["warmup_steps"]:
+        return WARM_UP
+    return COSINE if step < schedule["max_steps"] else FLOOR
+
+
+@cell("test_lr_at", parts={WARM_UP: 2, COSINE: 2, FLOOR: 1, BAD_SCHEDULES: 1})
 def check_lr_at(lr_at):
-    for schedule in SCHEDULES:
-        steps = schedule["max_steps"] + 5
-        oracle = _lambda_lr(schedule, steps)
-        for step in range(steps):
-            label = f"lr_at({step}, {', '.join(f'{k}={v:g}' for k, v in schedule.items())})"
-            got = call(lr_at, step, label=label, **schedule)
-            if isinstance(got, bool) or not isinstance(got, (int, float)):
-                fail(f"{label} returned {show(got)}, expected a float")
-            if abs(got - oracle[step]) > 1e-12 + 1e-9 * oracle[step]:
-                hint = next((why for mistake, why in LR_MISTAKES if (v := mistake(step, schedule)) is not None
-                             and abs(got - v) < 1e-12 + 1e-9 * abs(v)), "")
-                fail(f"{label} returned {got:.6g}, expected {oracle[step]:.6g} (torch's LambdaLR with the schedule)",
-                     hint)
-    for bad in (dict(max_lr=1e-3, min_lr=1e-2, warmup_steps=1, max_steps=10),
-                dict(max_lr=1e-3, min_lr=-1e-4, warmup_steps=1, max_steps=10),
-                dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=10),
-                dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=-1, max_steps=10)):
-        label = f"lr_at(0, {', '.join(f'{k}={v:g}' for k, v in bad.items())})"
-        try:
-            got = lr_at(0, **bad)
-        except ValueError:
-            continue
-        except Exception as err:
-            if getattr(err, "grader_side", False):
-                raise
-            fail(f"{label} raised {describe_error(err)}; expected a ValueError")
-        fail(f"{label} returned {show(got)}; expected a ValueError",
-             "check 0 <= min_lr <= max_lr and 0 <= warmup_steps < max_steps first")
+    oracles = [_lambda_lr(schedule, schedule["max_steps"] + 5) for schedule in SCHEDULES]
+    for phase in (WARM_UP, COSINE, FLOOR):
+        with part(phase):
+            for schedule, oracle in zip(SCHEDULES, oracles):
+                for step, want in enumerate(oracle):
+                    if _phase(step, schedule) == phase:
+                        _check_rate(lr_at, step, schedule, want)
+    with part(BAD_SCHEDULES):
+        for bad in (dict(max_lr=1e-3, min_lr=1e-2, warmup_steps=1, max_steps=10),
+                    dict(max_lr=1e-3, min_lr=-1e-4, warmup_steps=1, max_steps=10),
+                    dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=10),
+                    dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=-1, max_steps=10)):
+            expect_raises(ValueError, lr_at, 0, **bad, name="lr_at",
+                          hint="check 0 <= min_lr <= max_lr and 0 <= warmup_steps < max_steps first")
+
+
+def _check_rate(lr_at, step: int, schedule: dict, want: float) -> None:
+    label = f"lr_at({step}, {', '.join(f'{k}={v:g}' for k, v in schedule.items())})"
+    got = call(lr_at, step, label=label, **schedule)
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        fail(f"{label} returned {show(got)}, expected a float")
+    if not _same(got, want, atol=1e-12, rtol=1e-9):
+        hint = next((why for mistake, why in LR_MISTAKES if (v := mistake(step, schedule)) is not None
+                     and _same(got, v, atol=1e-12, rtol=1e-9)), "")
+        if not math.isfinite(got) and not hint:
+            hint = ("with warmup_steps=0 there is no warm-up, and max_lr * (step + 1) / warmup_steps is inf (a "
+                    "ZeroDivisionError in plain Python): a blend such as in_warmup * warm + (1 - in_warmup) * decay "
+                    "then gives 0 * inf = nan. Compute the warm-up only when step < warmup_steps"
+                    if schedule["warmup_steps"] == 0 else
+                    "a learning rate that is not a finite number turns every weight into nan at the first step")
+        fail(f"{label} returned {got:.6g}, expected {want:.6g} (torch's LambdaLR with the schedule)", hint)
 
 
 # ---------------------------------------------------------------- train_step
@@ -315,68 +403,86 @@ def _reference_steps(seed, batches, lr, clip):
     return losses, recipes.parameters(model)
 
 
-@cell("test_train_step")
+STEP_LOSS, WEIGHTS, TRAINING_MODE = ("the loss of each step", "the weights after the steps", "in training mode")
+
+
+@cell("test_train_step", parts={STEP_LOSS: 1, WEIGHTS: 3, TRAINING_MODE: 1})
 def check_train_step(train_step):
-    for seed, batch_seed, lr, clip, n, training in STEP_CASES:
-        model = make("training.Watched", make("training.tiny_gpt", seed))
-        optimizer = make("training.adamw", model, lr)
-        model.train(training)
-        ids = _stream(400, batch_seed, vocab=97)
-        g = torch.Generator().manual_seed(batch_seed)
-        batches = [reference.get_batch(ids, 4, 16, g) for _ in range(n)]
-        label = f"train_step(<GPT>, <AdamW, lr={lr:g}>, x, y, max_grad_norm={clip:g})"
-        got = [call(train_step, model, optimizer, x, y, clip, label=label,
-                    hint=because_of(cross_entropy="test_cross_entropy")) for x, y in batches]
-        want, want_params = _reference_steps(seed, batches, lr, clip)
-        calls = model.calls
-        if calls and not calls[0][0]:
-            fail(f"{label} ran the model in eval mode", "call model.train() first: dropout is on while training")
-        if any(not isinstance(v, float) for v in got):
-            bad = next(v for v in got if not isinstance(v, float))
-            fail(f"{label} returned {show(bad)}, expected the loss as a float", "return loss.item()")
-        for k, (g_loss, w_loss) in enumerate(zip(got, want)):
-            if abs(g_loss - w_loss) > 1e-4:
-                fail(f"{label}, step {k + 1} of {n} on one model: returned the loss {g_loss:.6f}, expected {w_loss:.6f}",
-                     "return the loss of the batch computed BEFORE the step"
-                     if k == 0 else "zero the gradients before each backward pass: they add up otherwise")
-        params = ask("training.parameters", model)
-        if not isinstance(params, dict):
-            fail(f"{label}: the model's parameters could not be read back ({type_of(params)})")
-        worst, name = 0.0, ""
-        for key, value in want_params.items():
-            theirs = params.get(f"model.{key}", params.get(key))
-            if not isinstance(theirs, torch.Tensor) or theirs.shape != value.shape:
-                fail(f"{label}: the model's parameter {key} is missing or changed shape")
-            diff = _comparable(key, theirs - value).abs().max().item()
-            if diff > worst:
-                worst, name = diff, key
-        if worst > 1e-5:
-            lrs = optimizer.lrs
-            hint = "forward, loss, zero the gradients, backward, clip_grad_norm_(model.parameters(), max_grad_norm), step"
-            if not lrs:
-                hint = "call optimizer.step(): the weights never moved"
-            elif _unclipped_matches(seed, batches, lr, params):
-                hint = "clip the gradients' norm to max_grad_norm before optimizer.step()"
-            fail(f"{label}: after {n} step(s) the weights differ from the reference step's by up to {worst:.2e} "
-                 f"(in {name})", hint)
+    ran = []  # (label, the watched model, its optimizer, the case, its batches, the reference's weights)
+    with part(STEP_LOSS):
+        for case in STEP_CASES:
+            seed, batch_seed, lr, clip, n, training = case
+            model = make("training.Watched", make("training.tiny_gpt", seed))
+            optimizer = make("training.adamw", model, lr)
+            model.train(training)
+            ids = _stream(400, batch_seed, vocab=97)
+            g = torch.Generator().manual_seed(batch_seed)
+            batches = [reference.get_batch(ids, 4, 16, g) for _ in range(n)]
+            label = f"train_step(<GPT>, <AdamW, lr={lr:g}>, x, y, max_grad_norm={clip:g})"
+            got = [call(train_step, model, optimizer, x, y, clip, label=label,
+                        hint=because_of(cross_entropy="test_cross_entropy")) for x, y in batches]
+            want, want_params = _reference_steps(seed, batches, lr, clip)
+            ran.append((label, model, optimizer, case, batches, want_params))
+            _check_step_losses(label, got, want, n)
+    if not ran:  # the weights and the mode tell nothing of steps that crashed
+        return
+    with part(TRAINING_MODE):
+        for label, model, *_ in ran:
+            calls = model.calls
+            if calls and not calls[0][0]:
+                fail(f"{label} ran the model in eval mode", "call model.train() first: dropout is on while training")
+    with part(WEIGHTS):
+        for label, model, optimizer, (seed, _, lr, _, n, _), batches, want_params in ran:
+            _check_weights(label, model, optimizer, seed, batches, lr, n, want_params)
 
 
-def _comparable(key: str, diff: torch.Tensor) -> torch.Tensor:
-    """The part of a parameter's difference from the reference that a correct step fixes. The keys' bias (the middle
-    third of c_attn.bias) gets no gradient in exact arithmetic: it adds q . b_k to every score of a query, which the
-    softmax ignores. Its float32 gradient is rounding noise, which AdamW scales up to steps of a fair fraction of lr,
-    so a correct loss that rounds differently (log_softmax and gather) moves it by up to about 1e-5 in three steps;
-    it is left out."""
+def _check_step_losses(label: str, got: list, want: list[float], n: int) -> None:
+    if any(not isinstance(v, float) for v in got):
+        bad = next(v for v in got if not isinstance(v, float))
+        fail(f"{label} returned {show(bad)}, expected the loss as a float", "return loss.item()")
+    for k, (g_loss, w_loss) in enumerate(zip(got, want)):
+        if not _same(g_loss, w_loss, atol=1e-4, rtol=0):
+            fail(f"{label}, step {k + 1} of {n} on one model: returned the loss {g_loss:.6f}, expected {w_loss:.6f}",
+                 "return the loss of the batch computed BEFORE the step"
+                 if k == 0 else "zero the gradients before each backward pass: they add up otherwise")
+
+
+def _check_weights(label: str, model, optimizer, seed, batches, lr, n: int, want_params: dict) -> None:
+    params = ask("training.parameters", model)
+    if not isinstance(params, dict):
+        fail(f"{label}: the model's parameters could not be read back ({type_of(params)})")
+    for key, value in want_params.items():
+        theirs = params.get(f"model.{key}", params.get(key))
+        if not isinstance(theirs, torch.Tensor) or theirs.shape != value.shape:
+            fail(f"{label}: the model's parameter {key} is missing or changed shape")
+        if close(_comparable(key, theirs), _comparable(key, value), atol=1e-5, rtol=0):
+            continue
+        lrs = optimizer.lrs
+        hint = "forward, loss, zero the gradients, backward, clip_grad_norm_(model.parameters(), max_grad_norm), step"
+        if not lrs:
+            hint = "call optimizer.step(): the weights never moved"
+        elif _unclipped_matches(seed, batches, lr, params):
+            hint = "clip the gradients' norm to max_grad_norm before optimizer.step()"
+        fail(f"{label}: after {n} step(s) the weights differ from the reference step's in {key} "
+             f"{gap(_comparable(key, theirs), _comparable(key, value))}", hint)
+
+
+def _comparable(key: str, value: torch.Tensor) -> torch.Tensor:
+    """The part of a parameter that a correct step fixes. The keys' bias (the middle third of c_attn.bias) gets no
+    gradient in exact arithmetic: it adds q . b_k to every score of a query, which the softmax ignores. Its float32
+    gradient is rounding noise, which AdamW scales up to steps of a fair fraction of lr, so a correct loss that rounds
+    differently (log_softmax and gather) moves it by up to about 1e-5 in three steps; it is left out."""
     if key.endswith("attn.c_attn.bias"):
-        n_embd = diff.shape[0] // 3
-        diff = torch.cat([diff[:n_embd], diff[2 * n_embd:]])
-    return diff
+        n_embd = value.shape[0] // 3
+        value = torch.cat([value[:n_embd], value[2 * n_embd:]])
+    return value
 
 
 def _unclipped_matches(seed, batches, lr, params) -> bool:
     _, unclipped = _reference_steps(seed, batches, lr, 1e9)
-    return all(_comparable(k, params.get(f"model.{k}", params.get(k)) - v).abs().max().item() < 1e-5
-               for k, v in unclipped.items())
+    theirs = {k: params.get(f"model.{k}", params.get(k)) for k in unclipped}
+    return all(isinstance(theirs[k], torch.Tensor) and theirs[k].shape == v.shape
+               and close(_comparable(k, theirs[k]), _comparable(k, v), atol=1e-5, rtol=0) for k, v in unclipped.items())
 
 
 # ---------------------------------------------------------------- train
@@ -388,48 +494,70 @@ TRAIN_CASES = [  # (model seed, data seed, steps, start_step, batch_size, eval_e
 ]
 
 
-@cell("test_train")
+TRAIN_LOSSES, RATES, EVALUATIONS = ("the loss of each step", "the learning rate of each step", "evaluate's calls")
+
+
+@cell("test_train", parts={TRAIN_LOSSES: 2, RATES: 2, EVALUATIONS: 1})
 def check_train(train):
     uses = dict(get_batch="test_get_batch", lr_at="test_lr_at", train_step="test_train_step")
-    for seed, data_seed, steps, start, B, every, schedule in TRAIN_CASES:
-        model = make("training.tiny_gpt", seed)
-        optimizer = make("training.adamw", model, schedule["max_lr"])
-        recorder = make("training.Recorder")
-        ids = _stream(600, data_seed, vocab=97)
-        label = (f"train(<GPT>, <AdamW>, <600 ids>, steps={steps}, batch_size={B}, schedule={schedule}, "
-                 f"eval_every={every}, start_step={start})")
-        log = call(train, model, optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
-                   generator=make("training.generator", data_seed), eval_every=every, evaluate=recorder,
-                   start_step=start, progress=False, label=label, hint=because_of(**uses))
-        with seeded(seed):
-            ours = recipes.tiny_gpt(seed)
-            our_optimizer = recipes.adamw(ours, lr=schedule["max_lr"])
-            our_recorder = recipes.Recorder()
-            want = reference.train(ours, our_optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
-                                   generator=torch.Generator().manual_seed(data_seed), eval_every=every,
-                                   evaluate=our_recorder, start_step=start, progress=False)
-        if not isinstance(log, dict) or "losses" not in log or "evals" not in log:
-            fail(f"{label} returned {show(log)}, expected a dict with 'losses' and 'evals'")
-        if recorder.calls != our_recorder.calls:
-            fail(f"{label} called evaluate with {show(recorder.calls)}, expected {show(our_recorder.calls)}",
-                 "after each eval_every steps done (steps done = step + 1), and after the last step")
-        if list(log["evals"]) != [tuple(e) for e in want["evals"]] and \
-                [tuple(e) for e in log["evals"]] != [tuple(e) for e in want["evals"]]:
-            fail(f"{label}['evals'] is {show(log['evals'])}, expected {show(want['evals'])}",
-                 "append (steps done, what evaluate returned) for each call")
-        lrs = [group[0] for group in optimizer.lrs]
-        want_lrs = [reference.lr_at(s, **schedule) for s in range(start, steps)]
-        if len(lrs) != len(want_lrs):
-            fail(f"{label} took {len(lrs)} optimizer steps, expected {len(want_lrs)} (steps {start} to {steps - 1})",
-                 "one train_step per step, from start_step to steps - 1")
-        if any(abs(a - b) > 1e-12 for a, b in zip(lrs, want_lrs)):
-            k = next(i for i, (a, b) in enumerate(zip(lrs, want_lrs)) if abs(a - b) > 1e-12)
-            fail(f"{label}: step {start + k} ran at the learning rate {lrs[k]:.6g}, expected {want_lrs[k]:.6g}",
-                 "set every param group's lr to lr_at(step, **schedule) before the step"
-                 + (f"; {because_of(lr_at='test_lr_at')}" if because_of(lr_at="test_lr_at") else ""))
-        losses = log["losses"]
-        if len(losses) != len(want["losses"]) or any(abs(a - b) > 1e-4 for a, b in zip(losses, want["losses"])):
-            fail(f"{label} recorded the losses {show([round(v, 4) for v in losses] if isinstance(losses, list) else losses)}, "
-                 f"expected {show([round(v, 4) for v in want['losses']])}",
-                 because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, "
-                 "model.config.block_size, generator), then train_step")
+    ran = []  # (label, the case, the optimizer and recorder given, what train returned, the reference's, its recorder)
+    with part(TRAIN_LOSSES):
+        for case in TRAIN_CASES:
+            seed, data_seed, steps, start, B, every, schedule = case
+            model = make("training.tiny_gpt", seed)
+            optimizer = make("training.adamw", model, schedule["max_lr"])
+            recorder = make("training.Recorder")
+            ids = _stream(600, data_seed, vocab=97)
+            label = (f"train(<GPT>, <AdamW>, <600 ids>, steps={steps}, batch_size={B}, schedule={schedule}, "
+                     f"eval_every={every}, start_step={start})")
+            log = call(train, model, optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
+                       generator=make("training.generator", data_seed), eval_every=every, evaluate=recorder,
+                       start_step=start, progress=False, label=label, hint=because_of(**uses))
+            with seeded(seed):
+                ours = recipes.tiny_gpt(seed)
+                our_optimizer = recipes.adamw(ours, lr=schedule["max_lr"])
+                our_recorder = recipes.Recorder()
+                want = reference.train(ours, our_optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
+                                       generator=torch.Generator().manual_seed(data_seed), eval_every=every,
+                                       evaluate=our_recorder, start_step=start, progress=False)
+            if not isinstance(log, dict) or "losses" not in log or "evals" not in log:
+                fail(f"{label} returned {show(log)}, expected a dict with 'losses' and 'evals'")
+            ran.append((label, case, optimizer, recorder, log, want, our_recorder))
+            losses = log["losses"]
+            if not _same(losses, want["losses"], atol=1e-4, rtol=0):
+                fail(f"{label} recorded the losses "
+                     f"{show([_rounded(v) for v in losses] if isinstance(losses, list) else losses)}, "
+                     f"expected {show([round(v, 4) for v in want['losses']])}",
+                     because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, "
+                     "model.config.block_size, generator), then train_step")
+    if not ran:  # nothing more to read of runs that crashed
+        return
+    with part(RATES):
+        for label, (_, _, steps, start, _, _, schedule), optimizer, *_ in ran:
+            _check_rates(label, optimizer, schedule, start, steps)
+    with part(EVALUATIONS):
+        for label, _, _, recorder, log, want, our_recorder in ran:
+            if recorder.calls != our_recorder.calls:
+                fail(f"{label} called evaluate with {show(recorder.calls)}, expected {show(our_recorder.calls)}",
+                     "after each eval_every steps done (steps done = step + 1), and after the last step")
+            if list(log["evals"]) != [tuple(e) for e in want["evals"]] and \
+                    [tuple(e) for e in log["evals"]] != [tuple(e) for e in want["evals"]]:
+                fail(f"{label}['evals'] is {show(log['evals'])}, expected {show(want['evals'])}",
+                     "append (steps done, what evaluate returned) for each call")
+
+
+def _rounded(value):
+    return round(value, 4) if isinstance(value, float) else value  # what the learner's list holds, shown as it is
+
+
+def _check_rates(label: str, optimizer, schedule: dict, start: int, steps: int) -> None:
+    lrs = [group[0] for group in optimizer.lrs]
+    want_lrs = [reference.lr_at(s, **schedule) for s in range(start, steps)]
+    if len(lrs) != len(want_lrs):
+        fail(f"{label} took {len(lrs)} optimizer steps, expected {len(want_lrs)} (steps {start} to {steps - 1})",
+             "one train_step per step, from start_step to steps - 1")
+    k = next((i for i, (a, b) in enumerate(zip(lrs, want_lrs)) if not _same(a, b, atol=1e-12, rtol=0)), None)
+    if k is not None:
+        cause = because_of(lr_at="test_lr_at")
+        fail(f"{label}: step {start + k} ran at the learning rate {lrs[k]:.6g}, expected {want_lrs[k]:.6g}",
+             "set every param group's lr to lr_at(step, **schedule) before the step" + (f"; {cause}" if cause else ""))

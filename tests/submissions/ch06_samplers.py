@@ -240,6 +240,15 @@ MUTANTS = [
         {"test_penalties": IN_PLACE},
     ),
     Mutant(
+        "ngram-ban-by-product",
+        "the bans added as a 0/1 mask times -inf: 0 * -inf is nan on every token not banned",
+        (Edit("penalties", "    out = logits.clone()\n    if n <= 0",
+              "    out = logits.clone()\n    banned = torch.zeros_like(logits)\n    if n <= 0"),
+         Edit("penalties", "                out[row, seq[start + n - 1]] = NEG_INF\n    return out\n",
+              "                banned[row, seq[start + n - 1]] = 1.0\n    return logits + banned * NEG_INF\n")),
+        {"test_penalties": "0 * -inf is nan"},
+    ),
+    Mutant(
         "ngram-copy-via-list",
         "the logits copied through a Python list, which makes float64 logits float32",
         (Edit("penalties", "    out = logits.clone()\n", "    out = torch.tensor(logits.tolist())\n"),),

@@ -41,6 +41,16 @@ MUTANTS = [
     Mutant("ce-item", "returns a float: no gradient can flow",
            (Edit("cross_entropy", "return -picked.mean()", "return -picked.mean().item()"),),
            {"test_cross_entropy": "0-d tensor", **{t: "" for t in USES_CE}}),
+    # NaN and inf where a finite number is expected: each check compares with coursekit.testing.close, which a NaN
+    # never passes (a test written `abs(got - want) > tol` lets every NaN through)
+    Mutant("ce-one-hot", "the target's log-probability picked by a one-hot product: 0 * -inf is nan",
+           (Edit("cross_entropy", "picked = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)",
+                 "picked = (torch.nn.functional.one_hot(targets.long(), logits.shape[-1]) * log_probs).sum(-1)"),),
+           {"test_cross_entropy": "0 * -inf is nan"}),
+    Mutant("perplexity-float32", "perplexity by torch.exp on a float32 tensor: inf above a loss of 88.7",
+           (Edit("cross_entropy", """    value = loss.item() if isinstance(loss, torch.Tensor) else float(loss)
+    return math.exp(value) if value < 709 else math.inf""", "    return float(torch.exp(torch.as_tensor(loss)))"),),
+           {"test_cross_entropy": "overflows float32"}),
     # ---- estimate_loss
     Mutant("estimate-no-eval", "measures in training mode (dropout on)",
            (Edit("estimate_loss", "    model.eval()\n", ""),),
@@ -67,6 +77,20 @@ MUTANTS = [
            (Edit("lr_at", "return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))",
                  "return 0.5 * max_lr * (1.0 + math.cos(math.pi * progress))"),),
            {"test_lr_at": "must end at min_lr", "test_train": ""}),
+    Mutant("lr-blend-nan", "warm-up and decay blended without branches: with no warm-up, 0 * inf = nan",
+           (Edit("lr_at", """    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))""", """\
+    s = torch.tensor(step, dtype=torch.float64)
+    warm = max_lr * (s + 1) / warmup_steps  # a tensor: inf, not a ZeroDivisionError, when warmup_steps is 0
+    progress = (s - warmup_steps).clamp(min=0) / (max_steps - warmup_steps)
+    decay = min_lr + 0.5 * (max_lr - min_lr) * (1.0 + torch.cos(math.pi * progress))
+    in_warmup = (s < warmup_steps).double()
+    return min_lr if step >= max_steps else (in_warmup * warm + (1 - in_warmup) * decay).item()"""),),
+           {"test_lr_at": "0 * inf = nan", "test_train": "learning rate nan"}),
     Mutant("lr-no-floor", "the cosine climbs back after max_steps",
            (Edit("lr_at", """    if step >= max_steps:
         return min_lr
