@@ -66,3 +66,29 @@ def test_a_call_that_reaches_a_stub_names_the_stub():
         call(Cache().append, 1, label="Cache.append(1)")
     with pytest.raises(AssertionError, match=r"not written yet \(.*Cache\._grow still raises"):
         expect_raises(ValueError, Cache().append, -1)
+
+
+# ---------------------------------------------------------------- the one comparison every check uses
+
+
+@pytest.mark.parametrize("got, want, kwargs, same", [
+    (1.0 + 1e-7, 1.0, {}, True),
+    (float("nan"), 1.0, {}, False),  # abs(nan - 1) > tol is False: a hand-written check would pass it
+    (1.0, float("nan"), {}, False),
+    (float("nan"), float("nan"), {}, True),  # expected there, in the same place
+    (float("inf"), float("inf"), {}, True),
+    (float("-inf"), float("inf"), {}, False),
+    (float("inf"), 2.7e43, {"rtol": 1e-6}, False),  # e ** 100: finite in float64, inf if read as float32
+    (1e-3 * (1 + 1e-8), 1e-3, {"atol": 0, "rtol": 1e-9}, False),  # a relative tolerance float32 cannot hold
+    ([1.0, float("nan")], [1.0, float("nan")], {}, True),
+    ([1.0, float("nan")], [1.0, 2.0], {}, False),
+    (torch.tensor([1.0, float("inf")]), torch.tensor([1.0, 3.0]), {}, False),
+    (np.array([0.5, 0.25]), [0.5, 0.25], {}, True),
+    ([1.0, 2.0], [1.0, 2.0, 3.0], {}, False),  # shapes differ
+    ("1.0", 1.0, {}, False),  # not a number
+    (1 + 2j, 1 + 2j, {}, True),
+])
+def test_close_fails_a_non_finite_value_unless_it_is_expected_in_the_same_place(got, want, kwargs, same):
+    from coursekit.testing import close
+
+    assert close(got, want, **kwargs) is same

@@ -165,7 +165,8 @@ NOT_FINITE = [float("nan"), float("inf")]
 
 def _judged(grade_id: str, *functions) -> dict[str, bool]:
     """{part: passed} of the hidden checks of ``grade_id`` run on ``functions`` in this process."""
-    from autograder.judge import LocalSession, judge
+    from autograder.judge import judge
+    from autograder.trusted import LocalSession
 
     session = LocalSession(functions)
     stand_ins = [session.remote(session.server.describe(i)) for i in range(len(functions))]

@@ -37,16 +37,6 @@ def _tensor(label: str, got, shape, dtype=None) -> torch.Tensor:
     return got
 
 
-def _same(got, want, *, atol: float, rtol: float) -> bool:
-    """``coursekit.testing.close`` for Python numbers, or lists of them, read as float64: close reads them as
-    float32, in which e ** 100 is inf and 1e-3 * (1 + 1e-8) is 1e-3."""
-    try:
-        got, want = torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError, OverflowError):  # not numbers, or ragged lists
-        return False
-    return close(got, want, atol=atol, rtol=rtol)
-
-
 def _stream(n: int, seed: int, vocab: int = 50257, dtype=torch.long) -> torch.Tensor:
     return torch.randint(vocab, (n,), generator=torch.Generator().manual_seed(seed)).to(dtype)
 
@@ -149,7 +139,7 @@ def _ce_mistake(logits, targets, got) -> str:
                    "softmax over the wrong dimension: normalise over the vocabulary, the last dimension"),
                   (nll.mean(dim=-1).sum() if nll.dim() > 1 else nll.sum(), "the mean must be over all B * T positions")]
     for value, hint in candidates:
-        if math.isfinite(value.item()) and _same(got, value.item(), atol=1e-4, rtol=1e-4):
+        if math.isfinite(value.item()) and close(got, value.item(), atol=1e-4, rtol=1e-4):
             return hint
     if not math.isfinite(got) and torch.isneginf(logits).any():
         return ("the loss is not a number where some logits are -inf (tokens that can never come): 0 * -inf is nan, "
@@ -190,13 +180,13 @@ def check_cross_entropy(cross_entropy, perplexity):
     with part(PERPLEXITY):
         for loss in PERPLEXITY_CASES:
             got, want = call(perplexity, loss, name="perplexity"), math.exp(loss)
-            if not isinstance(got, float) or not _same(got, want, atol=0, rtol=1e-6):
+            if not isinstance(got, float) or not close(got, want, atol=0, rtol=1e-6):
                 overflow = isinstance(got, float) and got == math.inf
                 fail(f"perplexity({loss:.4g}) returned {show(got)}, expected {want:.6g}",
                      "e ** loss overflows float32 above a loss of about 88.7: compute it as a Python float (float64), "
                      "math.exp(float(loss))" if overflow else "e ** loss, as a float: math.exp(float(loss))")
         got = call(perplexity, torch.tensor(2.0), name="perplexity")
-        if not isinstance(got, float) or not _same(got, math.exp(2.0), atol=1e-5, rtol=0):
+        if not isinstance(got, float) or not close(got, math.exp(2.0), atol=1e-5, rtol=0):
             fail(f"perplexity(tensor(2.)) returned {show(got)}, expected {math.exp(2.0):.6g} as a float",
                  "accept a 0-d tensor too: float(loss)")
 
@@ -282,10 +272,10 @@ def check_estimate_loss(estimate_loss):
 def _check_mean(label: str, got, want: float, ours, ids, starts, batch_size) -> None:
     if not isinstance(got, (float, int)) or isinstance(got, bool):
         fail(f"{label} returned {show(got)}, expected a float", "return the mean loss as a float (.item())")
-    if not _same(got, want, atol=1e-4, rtol=0):
+    if not close(got, want, atol=1e-4, rtol=0):
         hint = ""
         plain_mean = _unweighted(ours, ids, starts, batch_size)
-        if plain_mean is not None and _same(got, plain_mean, atol=1e-5, rtol=0):
+        if plain_mean is not None and close(got, plain_mean, atol=1e-5, rtol=0):
             hint = ("you averaged the chunks' losses: a last, smaller chunk counts as much as a full one. Weigh "
                     "each chunk by its number of windows")
         fail(f"{label} returned {got:.6f}, expected {want:.6f}",
@@ -376,9 +366,9 @@ def _check_rate(lr_at, step: int, schedule: dict, want: float) -> None:
     got = call(lr_at, step, label=label, **schedule)
     if isinstance(got, bool) or not isinstance(got, (int, float)):
         fail(f"{label} returned {show(got)}, expected a float")
-    if not _same(got, want, atol=1e-12, rtol=1e-9):
+    if not close(got, want, atol=1e-12, rtol=1e-9):
         hint = next((why for mistake, why in LR_MISTAKES if (v := mistake(step, schedule)) is not None
-                     and _same(got, v, atol=1e-12, rtol=1e-9)), "")
+                     and close(got, v, atol=1e-12, rtol=1e-9)), "")
         if not math.isfinite(got) and not hint:
             hint = ("with warmup_steps=0 there is no warm-up, and max_lr * (step + 1) / warmup_steps is inf (a "
                     "ZeroDivisionError in plain Python): a blend such as in_warmup * warm + (1 - in_warmup) * decay "
@@ -441,7 +431,7 @@ def _check_step_losses(label: str, got: list, want: list[float], n: int) -> None
         bad = next(v for v in got if not isinstance(v, float))
         fail(f"{label} returned {show(bad)}, expected the loss as a float", "return loss.item()")
     for k, (g_loss, w_loss) in enumerate(zip(got, want)):
-        if not _same(g_loss, w_loss, atol=1e-4, rtol=0):
+        if not close(g_loss, w_loss, atol=1e-4, rtol=0):
             fail(f"{label}, step {k + 1} of {n} on one model: returned the loss {g_loss:.6f}, expected {w_loss:.6f}",
                  "return the loss of the batch computed BEFORE the step"
                  if k == 0 else "zero the gradients before each backward pass: they add up otherwise")
@@ -524,7 +514,7 @@ def check_train(train):
                 fail(f"{label} returned {show(log)}, expected a dict with 'losses' and 'evals'")
             ran.append((label, case, optimizer, recorder, log, want, our_recorder))
             losses = log["losses"]
-            if not _same(losses, want["losses"], atol=1e-4, rtol=0):
+            if not close(losses, want["losses"], atol=1e-4, rtol=0):
                 fail(f"{label} recorded the losses "
                      f"{show([_rounded(v) for v in losses] if isinstance(losses, list) else losses)}, "
                      f"expected {show([round(v, 4) for v in want['losses']])}",
@@ -556,7 +546,7 @@ def _check_rates(label: str, optimizer, schedule: dict, start: int, steps: int) 
     if len(lrs) != len(want_lrs):
         fail(f"{label} took {len(lrs)} optimizer steps, expected {len(want_lrs)} (steps {start} to {steps - 1})",
              "one train_step per step, from start_step to steps - 1")
-    k = next((i for i, (a, b) in enumerate(zip(lrs, want_lrs)) if not _same(a, b, atol=1e-12, rtol=0)), None)
+    k = next((i for i, (a, b) in enumerate(zip(lrs, want_lrs)) if not close(a, b, atol=1e-12, rtol=0)), None)
     if k is not None:
         cause = because_of(lr_at="test_lr_at")
         fail(f"{label}: step {start + k} ran at the learning rate {lrs[k]:.6g}, expected {want_lrs[k]:.6g}",

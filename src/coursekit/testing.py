@@ -196,8 +196,16 @@ def close(got, want, *, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
     compare values with this helper, never with a hand-written difference."""
     import torch
 
+    def wide(x):  # Python numbers as float64 (torch would read them as float32: e ** 100 would be inf)
+        if isinstance(x, torch.Tensor):
+            return x.detach()
+        try:
+            return torch.as_tensor(x, dtype=torch.float64)
+        except (TypeError, RuntimeError):  # complex numbers, or arrays of their own dtype
+            return torch.as_tensor(x)
+
     try:
-        g, w = torch.as_tensor(got).detach(), torch.as_tensor(want).detach()
+        g, w = wide(got), wide(want)
     except (TypeError, ValueError, RuntimeError, OverflowError):
         return False
     if g.shape != w.shape:
