@@ -154,7 +154,11 @@ def terminal(text: str) -> str:
 
 
 def csv_cell(value):
-    """A value for a CSV cell that no spreadsheet runs as a formula."""
-    if isinstance(value, str) and value.startswith(FORMULA_START) and not NUMBER.fullmatch(value):
+    """A value for a CSV cell that no spreadsheet runs as a formula and no terminal that shows the file obeys: control
+    characters written out as for ``terminal``, then a quote before a text that starts like a formula."""
+    if not isinstance(value, str):
+        return value
+    value = terminal(value)
+    if value.startswith(FORMULA_START) and not NUMBER.fullmatch(value):
         return "'" + value
     return value

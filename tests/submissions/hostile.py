@@ -291,9 +291,9 @@ XSS_MARKDOWN = (
     "<svg onload=\"fetch('/api/contents/xss-svg.txt', {method: 'PUT'})\"></svg>\n"
     "[click](javascript:alert(1)) <script>document.title = 'owned'</script>\n"
 )
-# A learner cell with nbgrader metadata whose grade id a spreadsheet reads as a formula (nbgrader allows letters,
-# digits, _ and - in a grade id: a leading - is enough), and a line with terminal escapes that the review notes quote.
-FORMULA_ID = "-HYPERLINK-1"
+# A line with terminal escapes that the review notes quote (in the table and in grades.csv). (A grade id of the
+# learner's cannot reach them: nbgrader takes any grade id that is not the instructor's off its cell, and refuses
+# one that is not letters, digits, _ and -.)
 ESCAPES_LINE = "import socket  # \x1b]0;owned\x07\x1b[2K\x1bM\x1b]52;c;b3duZWQ=\x07"
 
 
@@ -301,10 +301,7 @@ def _fools_readers() -> str:
     nb = _reference()
     at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "imports")
     nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(XSS_MARKDOWN))
-    cell = nbformat.v4.new_code_cell(ESCAPES_LINE + "\n")
-    cell.metadata["nbgrader"] = {"grade_id": FORMULA_ID, "solution": True, "grade": False, "locked": False,
-                                 "schema_version": 3}
-    nb.cells.insert(at + 2, cell)
+    nb.cells.insert(at + 2, nbformat.v4.new_code_cell(ESCAPES_LINE + "\n"))
     return _text(nb)
 
 
@@ -518,7 +515,7 @@ HOSTILE = [
     Hostile("wire-bombs", "every reply replaced by data that is slow, huge or impossible to decode",
             _reference_with(WIRE_BOMBS)),
     # fooling the people who read the results
-    Hostile("fools-readers", "script in markdown, a formula as a grade id, terminal escapes in a quoted line",
+    Hostile("fools-readers", "script in markdown, terminal escapes in a line the review notes quote",
             _fools_readers),
     # reading what is hidden (nothing written: whatever it scores comes from what it found)
     Hostile("snoop", "reads solutions, checks, the reference, .git and gradebooks by every path it can think of",
