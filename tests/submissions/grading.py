@@ -110,17 +110,16 @@ class WarmKernel:
         line = self.proc.stdout.readline()
         return json.loads(line) if line else "the kernel died"
 
-    def run(self, nb: nbformat.NotebookNode, whole: bool = True) -> RunOutcome:
-        """Run the notebook ``nb`` (as the grader runs it: ``graded_notebook``) and judge its hidden cells; not
-        ``whole``: up to its last test cell (what comes after can change no score, only what the notebook shows)."""
+    def run(self, nb: nbformat.NotebookNode) -> RunOutcome:
+        """Run the notebook ``nb`` (as the grader runs it: ``graded_notebook``) up to its last test cell, and judge
+        its hidden cells. What comes after (the chapter's closing demos) can change no score and no message of a
+        test cell (tests/test_grading_batch.py runs it, through the real grader)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         self.runs += 1
         run_dir = self.folder / f"run{self.runs}"
         run_dir.mkdir()
-        tested = set(judged_cells(nb))
-        end = len(nb.cells) if whole else 1 + max(i for i, c in enumerate(nb.cells)
-                                                  if c.metadata.get("nbgrader", {}).get("grade_id") in tested)
+        end = graded_part(nb)
         cells = [[i, c.source] for i, c in enumerate(nb.cells[:end]) if c.cell_type == "code"]
         start = time.monotonic()
         with RunJudge(run_dir / "judge", judged_cells(nb), solution_cell_names(nb),
@@ -156,20 +155,34 @@ class WarmKernel:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def judge_submission(kernel: WarmKernel, student: str, submitted: nbformat.NotebookNode,
-                     whole: bool = True) -> grade.Result:
+def graded_part(nb: nbformat.NotebookNode) -> int:
+    """The number of cells up to the notebook's last test cell: the part of the notebook that its scores depend on."""
+    tested = set(judged_cells(nb))
+    return 1 + max(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") in tested)
+
+
+def learner_errors(autograded: nbformat.NotebookNode) -> list[str]:
+    """What ``grade.read_result`` says of the errors of the learner's own cells (not test cells), for the cells up
+    to the last test cell."""
+    return [f"{grade.cell_name(autograded, i)}: {grade._located(cell, autograded)}"
+            for i, cell in enumerate(autograded.cells[:graded_part(autograded)])
+            if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")
+            and any(o.get("output_type") == "error" for o in cell.get("outputs", []))][:5]
+
+
+def judge_submission(kernel: WarmKernel, student: str, submitted: nbformat.NotebookNode) -> grade.Result:
     """A submission's row as ``minigpt-grade`` writes it (score, lost cells and their messages, errors of the
-    learner's own cells), from its run in the warm kernel: the grader's ``assemble`` and ``cell_scores``, then
-    what ``grade.read_result`` reads from the gradebook and the autograded notebook. Not ``whole``: the notebook
-    runs up to its last test cell, and the errors of the learner's cells after it are not known."""
+    learner's own cells up to the last test cell: ``learner_errors``), from its run in the warm kernel: the
+    grader's ``assemble`` and ``cell_scores``, then what ``grade.read_result`` reads from the gradebook and the
+    autograded notebook."""
     from nbgrader.preprocessors import LimitOutput
 
     nb = graded_notebook(submitted, kernel.chapter)
-    outcome = kernel.run(nb, whole)
+    outcome = kernel.run(nb)
     scores = grade.cell_scores(nb, outcome.verdicts)
     autograded, _ = LimitOutput().preprocess(grade.assemble(nb, outcome), {})
-    lost, own, score, max_score = [], [], 0.0, 0.0
-    for i, cell in enumerate(autograded.cells):
+    lost, score, max_score = [], 0.0, 0.0
+    for cell in autograded.cells:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade"):
             points = float(meta.get("points") or 0)
@@ -180,11 +193,10 @@ def judge_submission(kernel: WarmKernel, student: str, submitted: nbformat.Noteb
                 lost.append(grade.LostPoints(meta["grade_id"], scores[meta["grade_id"]], points,
                                              grade._located(cell, autograded)))
             score += scores.get(meta["grade_id"], 0.0)
-        elif cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
-            own.append(f"{grade.cell_name(autograded, i)}: {grade._located(cell, autograded)}")
     return grade.Result(student, kernel.chapter, "graded", score, max_score, lost,
                         needs_manual_grade=any(lp.message == "needs manual grading" for lp in lost),
-                        detail=outcome.incident, cell_errors=own[:5], seconds=round(outcome.seconds, 1))
+                        detail=outcome.incident, cell_errors=learner_errors(autograded),
+                        seconds=round(outcome.seconds, 1))
 
 
 @contextlib.contextmanager
@@ -264,10 +276,9 @@ def expect_variant(result: grade.Result, variant: Variant) -> None:
 
 def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[str]) -> dict[str, Callable]:
     """The `graded` fixture and the tests of chapter module `ch`: the reference, the untouched notebook, every
-    mutant and every variant, each graded in the chapter's warm kernel, up to the notebook's last test cell (the
-    demos after it run in tests/test_grading_batch.py). `test_cells` and `solution_cells` are the grade ids the
-    chapter's notebook must have, in order. The tests that grade are marked slow (seconds each, a minute or more
-    a chapter)."""
+    mutant and every variant, each graded in the chapter's warm kernel. `test_cells` and `solution_cells` are the
+    grade ids the chapter's notebook must have, in order. The tests that grade are marked slow (seconds each, a
+    minute or more a chapter)."""
     chapter = ch.CHAPTER
     mutants = {m.key: m for m in ch.MUTANTS}
     variants = {v.key: v for v in ch.VARIANTS}
@@ -283,7 +294,7 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
             def get(case: str | Mutant | Variant) -> grade.Result:
                 key = case if isinstance(case, str) else case.key
                 if key not in results:
-                    results[key] = judge_submission(kernel, key, submission(ch, case), whole=False)
+                    results[key] = judge_submission(kernel, key, submission(ch, case))
                 return results[key]
             yield get
 
