@@ -158,7 +158,8 @@ class WarmKernel:
 def graded_part(nb: nbformat.NotebookNode) -> int:
     """The number of cells up to the notebook's last test cell: the part of the notebook that its scores depend on."""
     tested = set(judged_cells(nb))
-    return 1 + max(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") in tested)
+    return 1 + max((i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") in tested),
+                   default=len(nb.cells) - 1)
 
 
 def learner_errors(autograded: nbformat.NotebookNode) -> list[str]:

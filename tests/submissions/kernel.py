@@ -3,14 +3,14 @@ would, in one process that imports torch once (``python kernel.py CONFIG``; `sub
 it).
 
 For each submission it gets the code cells of the notebook as the grader runs it (learner cells, given cells, test
-cells whole: visible tests and hidden part) and runs them in order in a new IPython shell, with ipykernel's own
-compiler (so a learner's line is found and named as in the kernel) and nbgrader's ways: a cell that raises is an
-error output and the next cell still runs; a cell past its time limit is interrupted (KeyboardInterrupt). The hidden
-parts' ``check(...)`` calls reach the judge that the test process serves on ``MINIGPT_JUDGE``, through the real
-wire, as from the sandbox. As in the sandbox: a fresh empty working folder and home, ``NBGRADER_EXECUTION`` set,
-the reference modules of the chapter and later ones replaced by the sandbox's own stubs, and of the autograder only
-its sandbox side. It answers with each cell's execution count and error output, which the grader's own code turns
-into scores and messages.
+cells whole: hidden part and visible tests) and runs them in order in an IPython shell reset as a new kernel's is
+(empty namespace, execution count 1), with ipykernel's own compiler (so a learner's line is found and named as in
+the kernel) and nbgrader's ways: an empty cell is not sent; a cell that raises is an error output and the next cell
+still runs; a cell past its time limit is interrupted (KeyboardInterrupt). The hidden parts' ``check(...)`` calls
+reach the judge that the test process serves on ``MINIGPT_JUDGE``, through the real wire, as from the sandbox. As in
+the sandbox: a fresh empty working folder and home, ``NBGRADER_EXECUTION`` set, the reference modules of the chapter
+and later ones replaced by the sandbox's own stubs, and of the autograder only its sandbox side. It answers with
+each cell's execution count and error output, which the grader's own code turns into scores and messages.
 
 What it cannot give each submission that a kernel has: a fresh interpreter. Modules stay imported; the state a
 notebook may change in them (torch's generator, default dtype, grad mode, threads; numpy's and ``random``'s seeds;
