@@ -22,14 +22,17 @@ course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
+# The whole suite on two workers, one test file each at a time; it prints its 15 slowest tests, and fails past its
+# time budget (tests/conftest.py: 30 minutes) naming its 10 slowest.
 test: $(STAMP) system-packages hub-tools
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
 
 # JupyterLab on the learner notebooks. Jupyter refuses to run as root unless told to: as root (a container), it is.
 lab: $(STAMP)
 	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
-# Everything but the minutes-long tests (real nbgrader runs, the book build, the browser).
+# The quick loop: everything but the tests marked slow (the chapters' mutants and variants, real grading runs, the
+# book build, the browser, the hub). A chapter's own mutants: .venv/bin/python -m pytest tests/test_chapterNN_grading.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 

@@ -1,26 +1,88 @@
-"""Test-wide settings: offline, with tiktoken reading the course's own copy of GPT-2's files."""
+"""Test-wide settings: offline, with tiktoken reading the course's own copy of GPT-2's files; and the rules of a
+whole run: nothing skipped, a time budget (``--time-budget``, 30 minutes by default) that fails the run loudly with
+its slowest tests, and the count of mutants and variants the chapters' tests graded. Under pytest-xdist these rules
+are kept by the controller, which gets every worker's reports."""
+import collections
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BUDGET_MINUTES = 30  # the whole suite on the project's 2-core machine, `make test` (it takes about 15)
+JUDGED = "judged"  # the user property of a test that graded a mutant or variant (`count_graded`)
 
 # Set before anything imports tiktoken or transformers, so no test can reach for the network.
 os.environ["TIKTOKEN_CACHE_DIR"] = str(ROOT / "src" / "coursekit" / "data" / "tiktoken")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+_seconds: dict[str, float] = collections.defaultdict(float)  # test -> setup, call and teardown together
+_judged: set[tuple[str, str, str]] = set()
+_started = time.monotonic()
+_broken: list[str] = []  # the rules of the whole run that it broke
+
+
+def pytest_addoption(parser):
+    parser.addoption("--time-budget", type=float, default=BUDGET_MINUTES * 60, metavar="SECONDS",
+                     help=f"fail the run when it takes longer (default {BUDGET_MINUTES} minutes)")
+
+
+def pytest_sessionstart(session):
+    global _started
+    _started = time.monotonic()
+_broken: list[str] = []  # the rules of the whole run that it broke
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid] += report.duration
+    for name, value in report.user_properties:
+        if name == JUDGED and report.when == "call":
+            _judged.add(tuple(value.split(" ", 2)))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Nothing in this suite may be skipped: a skipped check is a check that silently did not run."""
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller has every report and keeps the rules
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter else []
-    if skipped and session.exitstatus == 0:
+    if skipped:
+        _broken.append(f"{len(skipped)} test(s) skipped; every test in this suite must run (reasons: pytest -rs)")
+    elapsed, budget = time.monotonic() - _started, session.config.getoption("time_budget")
+    if elapsed > budget:
+        slowest = sorted(_seconds.items(), key=lambda item: -item[1])[:10]
+        _broken.append(f"the run took {elapsed:.0f} s, past its budget of {budget:.0f} s (--time-budget); the "
+                       "slowest tests:\n" + "\n".join(f"  {seconds:7.1f} s  {test}" for test, seconds in slowest))
+    if _broken and session.exitstatus == 0:
         session.exitstatus = 1
-        reporter.write_line(f"FAILED: {len(skipped)} test(s) skipped; every test in this suite must run "
-                            "(reasons: pytest -rs)", red=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After the run: what the chapters' tests graded, and the rules it broke (``pytest_sessionfinish``)."""
+    if _judged:
+        terminalreporter.write_sep("-", "graded by the chapters' tests")
+        terminalreporter.write_line(judged_summary(_judged))
+    for broken in _broken:
+        terminalreporter.write_sep("=", "FAILED: a rule of the whole run", red=True)
+        terminalreporter.write_line(broken, red=True)
+
+
+def judged_summary(judged: set[tuple[str, str, str]]) -> str:
+    """'mutants and variants graded: 01-tokens 25 + 8, ...; 229 mutants and 44 variants in all'."""
+    counts = collections.Counter((chapter, kind) for chapter, kind, _ in judged)
+    chapters = sorted({chapter for chapter, _, _ in judged})
+    per_chapter = ", ".join(f"{c} {counts[c, 'mutant']} + {counts[c, 'variant']}" for c in chapters)
+    total = collections.Counter(kind for _, kind, _ in judged)
+    return (f"mutants + variants graded: {per_chapter}; {total['mutant']} mutants and {total['variant']} variants "
+            "in all")
+
+
+@pytest.fixture
+def count_graded(request):
+    """count_graded(chapter, "mutant" or "variant", key): this test grades that submission, counted in the run's
+    summary of what the chapters' tests graded (its report carries it from an xdist worker to the controller)."""
+    return lambda chapter, kind, key: request.node.user_properties.append((JUDGED, f"{chapter} {kind} {key}"))
 
 
 @pytest.fixture

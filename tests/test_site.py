@@ -4,6 +4,10 @@ Builds the book once per session with the Makefile's command (``-W``: any warnin
 ``_build/html`` on 127.0.0.1 and renders pages in headless Debian ``chromium``, which is told that every
 other host does not exist. So a formula that comes out typeset proves MathJax is served from the book
 itself, not from a CDN.
+
+The student release's website (``make student-release``) is tested here too, after the book: its pages run the same
+code, and its build reuses the book's executed notebooks (the book's jupyter-cache) instead of running them all
+again. In one file, the two builds never run at once (pytest-xdist ``--dist loadfile``).
 """
 import html
 import json
@@ -314,3 +318,21 @@ def test_nothing_is_cut_off_or_wider_than_the_text_column(browse, layout_probe, 
     assert "error" not in found, found
     problems = [f"at {width} px: {problem}" for width, listed in found.items() for problem in listed]
     assert not problems, f"{page}:\n" + "\n".join(problems)
+
+
+def test_the_student_release_website_opens_the_release_on_binder(site, tmp_path):
+    """``make student-release``'s whole command: the book built with the release's repository, every Binder link
+    opening a notebook the release has, and a clean scan."""
+    from autograder import student_release as sr
+
+    url = "https://github.com/example-school/minigpt-learners"
+    out = tmp_path / "release"
+    # build() raises if a Binder link opens anything else
+    assert sr.build(out, ROOT, url, "main") == []
+    assert sr.scan(out) == []
+    pages = list((out / "docs").rglob("*.html"))
+    links = {link for page in pages for link in re.findall(r'href="(https://mybinder\.org/[^"]+)"', page.read_text())}
+    chapters = sr.chapters(ROOT)
+    assert links == {sr.binder_url(ROOT, url, "main", f"notebooks/{ch}/{ch}.ipynb") for ch in chapters}
+    box = (out / "docs" / "book" / f"{chapters[0]}.html").read_text()
+    assert "minigpt-grade" not in box and "hidden tests grade it" in box

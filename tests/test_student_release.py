@@ -1,7 +1,8 @@
 """The student release: what learners get holds no solutions, hidden tests, grading code or reference.
 
-Most tests build a release with a tiny stand-in website (``--book-html``), which takes a second; the slow
-one builds the real website with the release's repository URL.
+These tests build releases with a tiny stand-in website (``--book-html``), which takes a second; the release with
+the real website, built with the release's repository URL, is tested in test_site.py, after the course's book (its
+pages reuse the book's executed notebooks).
 """
 import html
 import json
@@ -302,19 +303,3 @@ def test_a_copied_website_built_for_another_repository_is_reported(tmp_path, cap
     assert sr.main([str(tmp_path / "release"), "--repository-url", URL, "--book-html", str(site)]) == 0
     err = capsys.readouterr().err
     assert f"not the release repository {URL}" in err and "build without --book-html" in err
-
-
-@pytest.mark.slow
-def test_the_real_website_opens_the_release_on_binder(tmp_path):
-    """The whole command: the book built with the release's repository, every Binder link opening a
-    notebook the release has, and a clean scan. Its own execution cache: test_site may be building the
-    course's book at the same time."""
-    out = tmp_path / "release"
-    # build() raises if a Binder link opens anything else
-    assert sr.build(out, ROOT, URL, "main", execution_cache=tmp_path / "jupyter_cache") == []
-    assert sr.scan(out) == []
-    pages = list((out / "docs").rglob("*.html"))
-    links = {link for page in pages for link in re.findall(r'href="(https://mybinder\.org/[^"]+)"', page.read_text())}
-    assert links == {sr.binder_url(ROOT, URL, "main", f"notebooks/{ch}/{ch}.ipynb") for ch in CHAPTERS}
-    box = (out / "docs" / "book" / f"{CHAPTERS[0]}.html").read_text()
-    assert "minigpt-grade" not in box and "hidden tests grade it" in box

@@ -5,10 +5,11 @@ solution cells (nbgrader `solution: true`, known by `grade_id`) with code. By de
 reference answer: the instructor cell from `solutions/<chapter>/` with its `### BEGIN/END SOLUTION` lines
 removed. A mutant is the reference with one mistake edited in; a variant is a different correct answer.
 Each chapter's module (`ch01_tokens.py`, ...) lists its mutants and variants; `grading.py` holds the tests
-that every chapter runs on them.
+that every chapter runs on them, and `kernel.py` the warm learner side those tests grade them in.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import re
@@ -109,6 +110,18 @@ def learner_notebook(chapter: str, cells: dict[str, str] | None = None) -> nbfor
     return nb
 
 
+def graded_notebook(submitted: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
+    """The notebook as the grader runs it: the submission with its locked cells (given code, test cells) put back
+    from the instructor's version, hidden tests included, as nbgrader's OverwriteCells does when it sanitizes."""
+    instructor = {_grade_id(c): c.source for c in _read("solutions", chapter).cells
+                  if c.metadata.get("nbgrader", {}).get("locked") and _grade_id(c)}
+    nb = nbformat.from_dict(copy.deepcopy(submitted))
+    for cell in nb.cells:
+        if _grade_id(cell) in instructor:
+            cell.source = instructor[_grade_id(cell)]
+    return nb
+
+
 @functools.cache
 def hidden_tests(chapter: str) -> dict[str, str]:
     """{grade_id: the hidden part} of the chapter's test cells, from the instructor notebook."""
@@ -140,21 +153,3 @@ def learner_namespace(chapter: str, cells: dict[str, str]) -> dict:
             else:
                 sys.modules[name] = module
     return namespace
-
-
-def run_hidden_tests(chapter: str, cells: dict[str, str]) -> dict[str, str]:
-    """Grade without nbgrader: the learner notebook's own cells (`learner_namespace`), then each test cell's
-    hidden part as the grader does; {grade_id: message} of those that fail."""
-    from autograder.trusted import forget_here
-
-    forget_here()  # a new notebook: no earlier verdicts
-    namespace = learner_namespace(chapter, cells)
-    failed = {}
-    for grade_id, source in hidden_tests(chapter).items():
-        try:
-            exec(source, dict(namespace))
-        except AssertionError as err:
-            failed[grade_id] = str(err)
-        except Exception as err:  # noqa: BLE001 (a name the learner's cells never defined, say)
-            failed[grade_id] = f"{type(err).__name__}: {err}"
-    return failed

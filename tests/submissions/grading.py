@@ -1,19 +1,33 @@
 """The tests of the tests that every chapter shares (DESIGN.md, invariant 6), for `tests/test_chapterNN_grading.py`.
 
-Every submission is the learner notebook filled in as a learner would (this package): the reference answer
-must get full marks, the untouched notebook 0, each realistic mistake must lose points in the cells it breaks,
-and only there, with a message that names it, and each different-but-correct answer must get full marks.
+Every submission is the learner notebook filled in as a learner would (this package): the reference answer must get
+full marks, the untouched notebook 0, each realistic mistake must lose points in the cells it breaks, and only there,
+with a message that names it, and each different-but-correct answer must get full marks.
 
-A chapter's test file states what is its own and takes the rest from here, into its own namespace, so that
-each chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over the workers by file) and
-its class is graded once per file:
+Every mutant and variant is graded the way ``minigpt-grade`` grades, less the costs that do not judge anything (a
+sandbox, nbgrader and a new kernel per notebook): one warm learner-side process per chapter (`WarmKernel`,
+``kernel.py``) runs each notebook's code cells in order, as the grader's kernel would, and its hidden cells serve the
+real judge (``autograder.judge.RunJudge``) through the real wire; the grader's own code then turns the verdicts and the
+cells' errors into the autograded notebook, scores and messages (``executed_outputs``, ``scoring.assemble``,
+``scoring.cell_scores``). `tests/test_grading_batch.py` grades four submissions of every chapter through the real
+``minigpt-grade`` as well, in one batch, and checks that both ways give the same scores and messages.
 
-    globals().update(nbgrader_tests(ch, TEST_CELLS, SOLUTION_IDS))
+A chapter's test file states what is its own and takes the rest from here, into its own namespace, so that each
+chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over the workers by file):
+
+    globals().update(chapter_tests(ch, TEST_CELLS, SOLUTION_IDS))
 """
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -21,9 +35,185 @@ from typing import Callable
 import nbformat
 import pytest
 
-from autograder import base, grade, intake, workspace
+import minigpt
 
-from . import apply_edits, learner_notebook, run_hidden_tests, solution_ids
+from autograder import base, intake, sandbox, scoring, workspace
+from autograder.judge import RunJudge
+from autograder.run import (RunOutcome, blocked_modules, executed_outputs, judged_cells,
+                             solution_cell_names)
+
+from . import Mutant, Variant, apply_edits, graded_notebook, learner_notebook, solution_ids
+
+LIMITS = base.Limits()  # minigpt-grade's defaults: each cell's time limit, the whole notebook's
+KERNEL = Path(__file__).with_name("kernel.py")
+
+
+def submission(ch: ModuleType, case: str | Mutant | Variant) -> nbformat.NotebookNode:
+    """The notebook a learner hands in: "reference", "untouched" (as released), a mutant or a variant."""
+    if case == "reference":
+        return learner_notebook(ch.CHAPTER, {})
+    if case == "untouched":
+        return learner_notebook(ch.CHAPTER, None)
+    return learner_notebook(ch.CHAPTER, apply_edits(ch.CHAPTER, case.edits, getattr(case, "cells", None)))
+
+
+class WarmKernel:
+    """One chapter's learner side, kept warm from one submission to the next (``kernel.py``): each submission's
+    cells run there as in a new kernel, and its hidden cells reach a ``RunJudge`` of this process, the judge
+    ``minigpt-grade`` uses. A learner side that dies or runs past the notebook's time limit is started again for
+    the next submission."""
+
+    def __init__(self, chapter: str):
+        self.chapter = chapter
+        self.folder = Path(tempfile.mkdtemp(prefix="mg-warm-"))  # short: a socket's path has at most 107 bytes
+        blocked = blocked_modules(chapter)
+        reference = Path(minigpt.__file__).resolve().parent  # where the sandbox puts its stubs
+        sandbox.prepare(self.folder, chapter, blocked)  # the sandbox's own stubs of the held-back modules
+        self.config = json.dumps({
+            "chapter": chapter,
+            "stubs": {m: [str(reference / f"{m.split('.', 1)[1]}.py"), (self.folder / "stubs" / f"{m}.py").read_text()]
+                      for m in blocked},
+            "sandbox_side": [n.removesuffix(".py") for n in sandbox.SANDBOX_SIDE if n != "__init__.py"],
+        })
+        self.proc: subprocess.Popen | None = None
+        self.runs = 0
+
+    def environment(self) -> dict[str, str]:
+        """The sandbox's environment (``sandbox.command``), with this machine's folders, and the backend ipykernel
+        gives matplotlib."""
+        venv = Path(sys.prefix)
+        return {
+            "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.folder / "home"),
+            "USER": "learner", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(self.folder / "hf"),
+            "TIKTOKEN_CACHE_DIR": os.environ["TIKTOKEN_CACHE_DIR"],
+            "MPLCONFIGDIR": str(self.folder / "matplotlib"), "JUPYTER_RUNTIME_DIR": str(self.folder / "runtime"),
+            "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "NBGRADER_EXECUTION": "autograde",
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        }
+
+    def start(self) -> None:
+        with open(self.folder / "kernel.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, str(KERNEL), self.config], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, env=self.environment(), cwd=self.folder,
+                                         text=True)
+        ready = self._answer(120)
+        assert ready == {"ready": True}, f"the warm kernel of {self.chapter} did not start: {ready}\n{self.log()}"
+
+    def log(self) -> str:
+        return workspace.log_tail((self.folder / "kernel.log").read_text(errors="replace"), 25)
+
+    def _answer(self, timeout: float) -> dict | str:
+        """The learner side's next answer, or why there is none."""
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            return f"no answer within {timeout:g} s"
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else "the kernel died"
+
+    def run(self, nb: nbformat.NotebookNode) -> RunOutcome:
+        """Run the notebook ``nb`` (as the grader runs it: ``graded_notebook``) up to its last test cell, and judge
+        its hidden cells. What comes after (the chapter's closing demos) can change no score and no message of a
+        test cell (tests/test_grading_batch.py runs it, through the real grader)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        self.runs += 1
+        run_dir = self.folder / f"run{self.runs}"
+        run_dir.mkdir()
+        end = graded_part(nb)
+        cells = [[i, c.source] for i, c in enumerate(nb.cells[:end]) if c.cell_type == "code"]
+        start = time.monotonic()
+        with RunJudge(run_dir / "judge", judged_cells(nb), solution_cell_names(nb),
+                      cell_timeout=LIMITS.cell_timeout + 15) as judge:  # as autograder.run gives it
+            self.proc.stdin.write(json.dumps({"cells": cells, "judge": str(run_dir / "judge"),
+                                              "home": str(run_dir / "home"), "cell_timeout": LIMITS.cell_timeout})
+                                  + "\n")
+            self.proc.stdin.flush()
+            answer = self._answer(LIMITS.timeout)
+            if not isinstance(answer, dict):
+                self.proc.kill()
+                self.proc.wait()
+        assert not (isinstance(answer, dict) and "failed" in answer), f"the warm kernel failed: {answer['failed']}"
+        ran = answer["cells"] if isinstance(answer, dict) else {}
+        shutil.rmtree(run_dir, ignore_errors=True)
+        # What the executor would report: the notebook with each cell's execution count and errors; read back
+        # by the grader's own code, as minigpt-grade reads the sandbox's report.
+        executed = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+        for i, cell in enumerate(executed.cells):
+            if cell.cell_type == "code":
+                cell.outputs = [nbformat.from_dict(o) for o in ran.get(str(i), {}).get("outputs", [])]
+                cell.execution_count = ran.get(str(i), {}).get("count")
+        outputs, _ = executed_outputs({"executed": nbformat.writes(executed)}, nb)
+        incident = "" if isinstance(answer, dict) else f"the notebook's kernel died before the end ({answer})"
+        return RunOutcome(judge.verdicts, outputs, time.monotonic() - start, incident)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # nothing of it is kept: no need to wait for torch's clean exit
+            self.proc.wait()
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def graded_part(nb: nbformat.NotebookNode) -> int:
+    """The number of cells up to the notebook's last test cell: the part of the notebook that its scores depend on."""
+    tested = set(judged_cells(nb))
+    return 1 + max((i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") in tested),
+                   default=len(nb.cells) - 1)
+
+
+def learner_errors(autograded: nbformat.NotebookNode) -> list[str]:
+    """What ``scoring.read_result`` says of the errors of the learner's own cells (not test cells), for the cells up
+    to the last test cell."""
+    return [f"{intake.cell_name(autograded, i)}: {scoring._located(cell, autograded)}"
+            for i, cell in enumerate(autograded.cells[:graded_part(autograded)])
+            if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")
+            and any(o.get("output_type") == "error" for o in cell.get("outputs", []))][:5]
+
+
+def judge_submission(kernel: WarmKernel, student: str, submitted: nbformat.NotebookNode) -> base.Result:
+    """A submission's row as ``minigpt-grade`` writes it (score, lost cells and their messages, errors of the
+    learner's own cells up to the last test cell: ``learner_errors``), from its run in the warm kernel: the
+    grader's ``assemble`` and ``cell_scores``, then what ``scoring.read_result`` reads from the gradebook and the
+    autograded notebook."""
+    from nbgrader.preprocessors import LimitOutput
+
+    nb = graded_notebook(submitted, kernel.chapter)
+    outcome = kernel.run(nb)
+    scores = scoring.cell_scores(nb, outcome.verdicts)
+    autograded, _ = LimitOutput().preprocess(scoring.assemble(nb, outcome), {})
+    lost, score, max_score = [], 0.0, 0.0
+    for cell in autograded.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            points = float(meta.get("points") or 0)
+            max_score += points
+            if meta["grade_id"] not in scores:
+                lost.append(base.LostPoints(meta["grade_id"], 0.0, points, "needs manual grading"))
+            elif scores[meta["grade_id"]] < points:
+                lost.append(base.LostPoints(meta["grade_id"], scores[meta["grade_id"]], points,
+                                             scoring._located(cell, autograded)))
+            score += scores.get(meta["grade_id"], 0.0)
+    return base.Result(student, kernel.chapter, "graded", score, max_score, lost,
+                        needs_manual_grade=any(lp.message == "needs manual grading" for lp in lost),
+                        detail=outcome.incident, cell_errors=learner_errors(autograded),
+                        seconds=round(outcome.seconds, 1))
+
+
+@contextlib.contextmanager
+def warm_kernel(chapter: str):
+    """A chapter's warm kernel, and this process as a judge process is (one torch thread: the checks are small)."""
+    from coursekit.testing import isolated
+
+    kernel = WarmKernel(chapter)
+    try:
+        with isolated():
+            yield kernel
+    finally:
+        kernel.close()
+
+
+# ---------------------------------------------------------------- what every graded submission must show
 
 
 def lost_cells(result: base.Result) -> dict[str, str]:
@@ -35,130 +225,101 @@ def summary(result: base.Result) -> str:
     if result.status != "graded":
         log = Path(result.log).read_text(errors="replace") if result.log and Path(result.log).is_file() else ""
         return f"{result.status}: {result.detail}\n  nbgrader's log ends:\n{workspace.log_tail(log, 25)}"
-    return f"{result.score} / {result.max_score}:\n" + "\n".join(
-        f"  {lp.grade_id}: {lp.message}" for lp in result.lost)
+    return f"{result.score} / {result.max_score}{f' ({result.detail})' if result.detail else ''}:\n" + "\n".join(
+        f"  {lp.grade_id} ({lp.score:g} / {lp.max_score:g}): {lp.message}" for lp in result.lost)
 
 
-def nbgrader_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[str], *,
-                   mutants: Iterable[str] | None = None, variants: Iterable[str] | None = None) -> dict[str, Callable]:
-    """The `results` fixture and the tests of one real `nbgrader autograde` run of chapter module `ch`'s class:
-    the reference, the untouched notebook, the mutants and variants of these keys (default: all of them).
-    `test_cells` and `solution_cells` are the grade ids the chapter's notebook must have, in order. Every test is
-    marked slow."""
-    chapter = ch.CHAPTER
-    all_mutants = {m.key: m for m in ch.MUTANTS}
-    all_variants = {v.key: v for v in ch.VARIANTS}
-    graded_mutants = list(all_mutants if mutants is None else mutants)
-    graded_variants = list(all_variants if variants is None else variants)
-    slow = pytest.mark.slow
-
-    def submissions() -> dict[str, nbformat.NotebookNode]:
-        """{student id: notebook}: the reference, the untouched release, the graded mutants and variants."""
-        notebooks = {"reference": learner_notebook(chapter, {}), "untouched": learner_notebook(chapter, None)}
-        for key in graded_mutants:
-            notebooks[key] = learner_notebook(chapter, apply_edits(chapter, all_mutants[key].edits))
-        for key in graded_variants:
-            variant = all_variants[key]
-            notebooks[key] = learner_notebook(chapter, apply_edits(chapter, variant.edits, variant.cells))
-        return notebooks
-
-    @pytest.fixture(scope="module")
-    def results(tmp_path_factory) -> dict[str, base.Result]:
-        """The whole class, graded in one run."""
-        class_dir = tmp_path_factory.mktemp("class")
-        notebooks = submissions()
-        assert len(notebooks) == 2 + len(graded_mutants) + len(graded_variants), "two submissions share a student id"
-        for student, nb in notebooks.items():
-            (class_dir / student).mkdir()
-            nbformat.write(nb, class_dir / student / f"{chapter}.ipynb")
-        subs = intake.class_submissions(class_dir, [chapter], intake.course_chapters(base.DEFAULT_COURSE_ROOT))
-        start = time.monotonic()
-        graded = grade.grade(subs, base.DEFAULT_COURSE_ROOT, tmp_path_factory.mktemp("grading") / "workdir")
-        print(f"graded {len(subs)} submissions of {chapter} in {time.monotonic() - start:.0f} s")
-        return {r.student: r for r in graded}
-
-    @slow
-    def test_every_submission_is_graded(results):
-        not_graded = {s: summary(r) for s, r in results.items() if r.status != "graded"}
-        assert not_graded == {}, "\n".join(f"{s}: {why}" for s, why in not_graded.items())
-        assert {r.max_score for r in results.values()} == {results["reference"].max_score}
-
-    @slow
-    def test_reference_answer_gets_full_marks(results):
-        ref = results["reference"]
-        assert ref.max_score > 0 and ref.score == ref.max_score, summary(ref)
-        assert ref.lost == [] and not ref.needs_manual_grade
-
-    @slow
-    def test_untouched_notebook_gets_zero_and_says_what_is_not_written(results):
-        untouched = results["untouched"]
-        assert untouched.score == 0, summary(untouched)
-        lost = lost_cells(untouched)
-        assert list(lost) == test_cells
-        for grade_id, message in lost.items():
-            assert "not written yet" in message, f"{grade_id}: {message}"
-
-    @slow
-    def test_the_test_cells_are_the_ones_these_tests_know(results):
-        assert {lp.grade_id for lp in results["untouched"].lost} == set(test_cells)
-        assert solution_ids(chapter) == solution_cells
-
-    @slow
-    @pytest.mark.parametrize("key", graded_mutants)
-    def test_mistake_loses_points_in_the_cells_it_breaks_and_only_there(results, key):
-        mutant, result = all_mutants[key], results[key]
-        assert result.status == "graded", f"{mutant.name}: {summary(result)}"
-        assert result.score < result.max_score, f"{mutant.name}: full marks"
-        assert set(lost_cells(result)) == set(mutant.lost), f"{mutant.name}: {summary(result)}"
-        assert all(lp.score < lp.max_score for lp in result.lost), summary(result)
-
-    @slow
-    @pytest.mark.parametrize("key", graded_mutants)
-    def test_mistake_is_named_in_the_message(results, key):
-        mutant, lost = all_mutants[key], lost_cells(results[key])
-        assert results[key].status == "graded", f"{mutant.name}: {summary(results[key])}"
-        for grade_id, named in mutant.lost.items():
-            assert named in lost.get(grade_id, ""), (
-                f"{mutant.name}: {grade_id} should say {named!r}: {lost.get(grade_id)}")
-
-    @slow
-    def test_no_message_is_a_bare_error(results):
-        """Every lost cell says what went wrong, not just `AssertionError`."""
-        for student, result in results.items():
-            for lp in result.lost:
-                _, _, text = lp.message.partition(": ")
-                assert text.strip() and lp.message != "lost points without raising an error", (
-                    f"{student} {lp.grade_id}: {lp.message!r}")
-
-    @slow
-    @pytest.mark.parametrize("key", graded_variants)
-    def test_different_correct_answer_gets_full_marks(results, key):
-        variant, result = all_variants[key], results[key]
-        assert result.score == result.max_score and result.lost == [], f"{variant.name}: {summary(result)}"
-
-    return {name: obj for name, obj in locals().items() if name == "results" or name.startswith("test_")}
+def says_what_went_wrong(result: base.Result) -> None:
+    """Every lost cell says what went wrong, not just `AssertionError`."""
+    for lp in result.lost:
+        _, _, text = lp.message.partition(": ")
+        assert text.strip() and lp.message != "lost points without raising an error", \
+            f"{result.student} {lp.grade_id}: {lp.message!r}"
 
 
-def hidden_check_tests(ch: ModuleType) -> dict[str, Callable]:
-    """Every mutant and variant of chapter module `ch` through the hidden checks in this process, no nbgrader
-    (`run_hidden_tests`): a second or a few each, so all of them, not a sample. Marked slow."""
+def expect_graded(result: base.Result) -> None:
+    assert result.status == "graded" and not result.detail, summary(result)
+    says_what_went_wrong(result)
+
+
+def expect_reference(result: base.Result) -> None:
+    expect_graded(result)
+    assert result.max_score > 0 and result.score == result.max_score and result.lost == [], summary(result)
+    assert not result.needs_manual_grade
+
+
+def expect_untouched(result: base.Result, test_cells: list[str]) -> None:
+    expect_graded(result)
+    assert result.score == 0, summary(result)
+    lost = lost_cells(result)
+    assert list(lost) == test_cells, summary(result)
+    for grade_id, message in lost.items():
+        assert "not written yet" in message, f"{grade_id}: {message}"
+
+
+def expect_mutant(result: base.Result, mutant: Mutant) -> None:
+    """Points lost in exactly the cells the mistake breaks, each with a message that names it."""
+    expect_graded(result)
+    lost = lost_cells(result)
+    assert set(lost) == set(mutant.lost), f"{mutant.name}: {summary(result)}"
+    assert all(lp.score < lp.max_score for lp in result.lost), summary(result)
+    for grade_id, named in mutant.lost.items():
+        assert named in lost[grade_id], f"{mutant.name}: {grade_id} should say {named!r}: {lost[grade_id]}"
+
+
+def expect_variant(result: base.Result, variant: Variant) -> None:
+    expect_graded(result)
+    assert result.score == result.max_score and result.lost == [], f"{variant.name}: {summary(result)}"
+
+
+# ---------------------------------------------------------------- a chapter's tests
+
+
+def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[str]) -> dict[str, Callable]:
+    """The `graded` fixture and the tests of chapter module `ch`: the reference, the untouched notebook, every
+    mutant and every variant, each graded in the chapter's warm kernel. `test_cells` and `solution_cells` are the
+    grade ids the chapter's notebook must have, in order. The tests that grade are marked slow (seconds each, a
+    minute or more a chapter)."""
     chapter = ch.CHAPTER
     mutants = {m.key: m for m in ch.MUTANTS}
     variants = {v.key: v for v in ch.VARIANTS}
+    assert not set(mutants) & set(variants) and not {"reference", "untouched"} & (set(mutants) | set(variants)), \
+        f"{chapter}: two submissions share a key"
+    slow = pytest.mark.slow
 
-    @pytest.mark.slow
+    @pytest.fixture(scope="module")
+    def graded():
+        """graded(case) -> the case's result, graded once in the chapter's warm kernel."""
+        results: dict[str, base.Result] = {}
+        with warm_kernel(chapter) as kernel:
+            def get(case: str | Mutant | Variant) -> base.Result:
+                key = case if isinstance(case, str) else case.key
+                if key not in results:
+                    results[key] = judge_submission(kernel, key, submission(ch, case))
+                return results[key]
+            yield get
+
+    @slow
+    def test_reference_answer_gets_full_marks(graded):
+        expect_reference(graded("reference"))
+
+    @slow
+    def test_untouched_notebook_gets_zero_and_says_what_is_not_written(graded):
+        expect_untouched(graded("untouched"), test_cells)
+
+    def test_the_solution_cells_are_the_ones_these_tests_know():
+        assert solution_ids(chapter) == solution_cells
+
+    @slow
     @pytest.mark.parametrize("key", mutants)
-    def test_hidden_checks_name_every_mistake_in_the_cells_it_breaks(key):
-        mutant = mutants[key]
-        failed = run_hidden_tests(chapter, apply_edits(chapter, mutant.edits))
-        assert set(failed) == set(mutant.lost), f"{mutant.name}: {failed}"
-        for grade_id, named in mutant.lost.items():
-            assert named in failed[grade_id], f"{mutant.name}: {grade_id} should say {named!r}: {failed[grade_id]}"
+    def test_mistake_loses_points_in_the_cells_it_breaks_and_only_there(graded, count_graded, key):
+        count_graded(chapter, "mutant", key)
+        expect_mutant(graded(mutants[key]), mutants[key])
 
-    @pytest.mark.slow
+    @slow
     @pytest.mark.parametrize("key", variants)
-    def test_hidden_checks_accept_every_correct_answer(key):
-        variant = variants[key]
-        assert run_hidden_tests(chapter, apply_edits(chapter, variant.edits, variant.cells)) == {}, variant.name
+    def test_different_correct_answer_gets_full_marks(graded, count_graded, key):
+        count_graded(chapter, "variant", key)
+        expect_variant(graded(variants[key]), variants[key])
 
-    return {name: obj for name, obj in locals().items() if name.startswith("test_")}
+    return {name: obj for name, obj in locals().items() if name == "graded" or name.startswith("test_")}
