@@ -20,8 +20,11 @@ from autograder.intake import EXCHANGE_RECEIPT, cell_name
 from autograder.run import HIDDEN_BLOCK, RunOutcome, judged_cells
 from autograder.workspace import Workspace, autograded_path, submitted_path
 
-MESSAGE_MAX_LINES = 8
-MESSAGE_MAX_CHARS = 1000
+# A cell of seven weighted parts, all failed, says seven things, each with its hint on a line of its own: the limits
+# keep all of them (a hint cut off at the part that matters is worse than a long note), and stop a message that is
+# only long.
+MESSAGE_MAX_LINES = 16
+MESSAGE_MAX_CHARS = 4000
 
 
 def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNode:

@@ -507,7 +507,8 @@ def test_learners_submit_through_the_hub_and_fetch_feedback_without_hidden_tests
         pages = dict(zip(learners, pool.map(Learner.fetch_feedback, learners.values())))
         lap("both learners read their feedback")
         for name, page in pages.items():
-            score = f"Score: {graded[name]['score']:.1f} / {graded[name]['max_score']:.1f}"
+            # as nbgrader's feedback template writes it: `| float | round(2)`
+            score = f"Score: {round(float(graded[name]['score']), 2)} / {round(float(graded[name]['max_score']), 2)}"
             assert f"{CHAPTER} ({score})" in page, f"{name}'s feedback does not say {score}:\n{page[:500]}"
             assert "hidden tests ran here" in page
             shown = [line for line in hidden if line in page]

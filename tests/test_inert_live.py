@@ -90,7 +90,7 @@ def workspace(tmp_path_factory) -> Path:
         data = nbformat.writes(nb).encode()
         s = Submission(student, CHAPTER, base / f"{student}.ipynb")
         prepared = intake.sanitize(intake.read_notebook(data), ws, s)
-        scoring.record(ws, s, prepared, data)
+        scoring.record(ws, s, prepared, scoring.cell_scores(prepared, {}), data)  # nothing judged: the pages matter here
         done.append(s)
     reports.write_feedback(ws, done, verbose=False)
     raw = intake.sanitize(intake.read_notebook(data), ws, s)  # control's (nbgrader's own sanitizing keeps markdown)
