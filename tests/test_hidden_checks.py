@@ -92,3 +92,12 @@ def test_close_fails_a_non_finite_value_unless_it_is_expected_in_the_same_place(
     from coursekit.testing import close
 
     assert close(got, want, **kwargs) is same
+
+
+def test_a_message_names_an_object_by_its_type_not_its_address():
+    """A message that changed from one process to the next (an address) would tell two runs of one notebook apart."""
+    from coursekit.testing import describe_call
+
+    label = describe_call("get_batch", (torch.tensor([1, 2]), torch.Generator().manual_seed(0)), {"f": object()})
+    assert label == "get_batch(tensor([1, 2], dtype=int64), <a Generator>, f=<a object>)", label
+    assert "0x" not in describe_call("f", ([torch.Generator()],))

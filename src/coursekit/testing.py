@@ -23,6 +23,9 @@ _short.maxdict = 6
 _short.maxlevel = 3
 
 
+_ADDRESS = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
 def show(value) -> str:
     """A repr short enough for one line of feedback; a tensor by its dtype and shape (and values, when few)."""
     if isinstance(value, dict) and len(value) > _short.maxdict:
@@ -32,7 +35,10 @@ def show(value) -> str:
         if value.numel() <= 6 and value.dim() <= 2:
             return f"tensor({_short.repr(value.tolist())}, dtype={str(value.dtype).removeprefix('torch.')})"
         return f"<{str(value.dtype).removeprefix('torch.')} tensor of shape {shape}>"
-    return _short.repr(value)
+    text = _short.repr(value)
+    # an object shown by its address (`<torch._C.Generator object at 0x7f...>`) by its type alone: a message must
+    # not change from one run, or one process, to the next
+    return _ADDRESS.sub(lambda m: f"<a {m[1].rsplit('.', 1)[-1]}>", text)
 
 
 def describe_call(name: str, args=(), kwargs=None) -> str:
