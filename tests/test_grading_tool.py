@@ -369,11 +369,18 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
         time.sleep(0.2)
     os.kill(batch.pid, signal.SIGKILL)  # the grading process only: its runs must not outlive it
     batch.wait()
-    time.sleep(1)
-    # this batch's runs (other test files grade other chapters at the same time under pytest -n)
-    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    assert not [p for p in processes if "autograder.execute" in p and f"{CHAPTER}.ipynb" in p], \
-        "a run outlived the grader"
+
+    def runs_left() -> list[str]:
+        """This batch's runs (other test files grade other chapters at the same time under pytest -n)."""
+        processes = subprocess.run(["ps", "-eo", "stat,args"], capture_output=True, text=True).stdout.splitlines()
+        return [p for p in processes if "autograder.execute" in p and f"{CHAPTER}.ipynb" in p and p[:1] != "Z"]
+
+    # The kill reaches the sandbox through bwrap's parent-death signal and the end of its pid namespace: at once,
+    # but a process that held torch takes a moment to exit on a busy machine.
+    gone_by = time.monotonic() + 20
+    while runs_left() and time.monotonic() < gone_by:
+        time.sleep(0.5)
+    assert not runs_left(), "a run outlived the grader"
     done_before = {p.parent.name for p in workdir.glob(f"results/*/{CHAPTER}.json")}
     assert 2 <= len(done_before) < n
 
