@@ -46,7 +46,7 @@ from autograder.intake import check_chapters, check_student, class_submissions, 
     graded_chapters, notebook_submissions, read_notebook, read_submission, review_notes, sanitize, wrong_chapter
 from autograder.reports import Progress, format_table, workspace_results, write_feedback, write_reports, \
     withheld_because
-from autograder.run import JudgeFailed, run_one
+from autograder.run import JudgeFailed, run_one, skipped_when_graded, start_fork_server
 from autograder.scoring import assemble, cell_scores, read_result, record
 from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path
 
@@ -162,9 +162,12 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     graded: list[Submission] = []
     try:
         jobs = jobs or default_jobs()
+        if todo:
+            start_fork_server(sorted({s.chapter for s, *_ in todo}))
         threads = max(1, default_jobs() // min(jobs, max(1, len(todo))))  # each notebook's share of the cores
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_one, s.chapter, prepared, limits, sandboxed, threads, checks):
+            futures = {pool.submit(run_one, s.chapter, prepared, limits, sandboxed, threads, checks,
+                                   skipped_when_graded(prepared, ws.released(s.chapter))):
                        (s, digest, data, prepared, notes) for s, digest, data, prepared, notes in todo}
             for future in concurrent.futures.as_completed(futures):
                 s, digest, data, prepared, notes = futures[future]

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import re
 import resource
@@ -65,6 +66,21 @@ def judged_cells(nb: nbformat.NotebookNode) -> list[str]:
             if c.metadata.get("nbgrader", {}).get("grade") and HIDDEN_BLOCK.search(c.source)]
 
 
+def skipped_when_graded(nb: nbformat.NotebookNode, release: nbformat.NotebookNode) -> list[int]:
+    """The cells of ``nb`` a graded run does not run: the chapter's closing demos, that is, code cells after the last
+    judged test cell with no nbgrader metadata whose code is, to the character, a cell of the same kind in the
+    chapter's released notebook ``release``. No verdict can depend on them (every judged cell has run before them)
+    and they cost seconds (a model loaded, text generated, a plot drawn). A cell the learner wrote or changed runs."""
+    def demo(cell) -> bool:
+        return cell.cell_type == "code" and not cell.metadata.get("nbgrader") and bool(cell.source.strip())
+
+    judged = set(judged_cells(nb))
+    last = max((i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") in judged),
+               default=len(nb.cells))
+    given = {c.source for c in release.cells if demo(c)}
+    return [i for i, c in enumerate(nb.cells) if i > last and demo(c) and c.source in given]
+
+
 def solution_cell_names(nb: nbformat.NotebookNode) -> dict[str, str]:
     """{sha1 of a cell's source: its grade id}, to name the cell of a line where the learner's code failed."""
     names = {}
@@ -89,27 +105,41 @@ def blocked_modules(chapter: str) -> list[str]:
 
 
 _context = None
+WARM_ENV = "MINIGPT_WARM_CHAPTERS"  # the chapters whose checks' answers the fork server computes ahead (warm.py)
 
 
-def _fork_server():
+def start_fork_server(chapters=()) -> None:
+    """Start the fork server now (once per grader process: later batches reuse it), with the answers that the
+    checks of ``chapters`` compare every notebook with already computed, so that no judge process computes them."""
+    _fork_server(chapters)
+
+
+def _fork_server(chapters=()):
     """The fork server's context, its preloaded module named once per grader process (the first batch starts it;
     later batches in the same process reuse it)."""
     global _context
     if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(["autograder.warm"])
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["autograder.warm"])
+        os.environ[WARM_ENV] = ",".join(chapters)  # the fork server's own environment; the judges get the grader's
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            del os.environ[WARM_ENV]
+        _context = context
     return _context
 
 
 def run_one(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int = 1,
-            checks: list[str] = ()) -> RunOutcome:
+            checks: list[str] = (), skip: list[int] = ()) -> RunOutcome:
     """Run and judge a sanitized notebook in a judge process of its own; ``JudgeFailed`` if that process gives no
     result within twice (a run that never started is run once more) the notebook's time limit and a grace.
-    ``checks``: modules of a course's own checks, imported by the judge process."""
+    ``checks``: modules of a course's own checks, imported by the judge process. ``skip``: the cells not to run
+    (``skipped_when_graded``)."""
     ctx = _fork_server()
     receiver, sender = ctx.Pipe(duplex=False)
     # The fork server started with this process's path and environment of that moment: the judge gets today's.
-    grader = {"path": list(sys.path), "environ": dict(os.environ), "checks": list(checks)}
+    grader = {"path": list(sys.path), "environ": dict(os.environ), "checks": list(checks), "skip": list(skip)}
     proc = ctx.Process(target=_judge_process, name=f"judge {chapter}", daemon=True,
                        args=(sender, chapter, nbformat.writes(nb), dataclasses.asdict(limits), sandboxed, threads,
                              grader))
@@ -185,7 +215,7 @@ def _judge_process(sender, chapter: str, notebook: str, limits: dict, sandboxed:
 
         torch.set_num_threads(1)  # checks are small; notebooks judged at once share the cores
         nb = nbformat.reads(notebook, as_version=4)
-        outcome = _run_twice(chapter, nb, Limits(**limits), sandboxed, threads)
+        outcome = _run_twice(chapter, nb, Limits(**limits), sandboxed, threads, grader.get("skip", []))
         payload = json.dumps({
             "verdicts": {gid: v.to_dict() for gid, v in outcome.verdicts.items()},
             "outputs": {str(i): (outs, count) for i, (outs, count) in outcome.outputs.items()},
@@ -204,17 +234,19 @@ def _address_space() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _run_twice(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int) -> RunOutcome:
+def _run_twice(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int,
+               skip: list[int] = ()) -> RunOutcome:
     """Run a notebook; a run whose kernel never started (no cell ran) is run once more."""
-    outcome = _run_once(chapter, nb, limits, sandboxed, threads)
+    outcome = _run_once(chapter, nb, limits, sandboxed, threads, skip)
     if not outcome.started:
         first = outcome.seconds
-        outcome = _run_once(chapter, nb, limits, sandboxed, threads)
+        outcome = _run_once(chapter, nb, limits, sandboxed, threads, skip)
         outcome.seconds += first
     return outcome
 
 
-def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int) -> RunOutcome:
+def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int,
+              skip: list[int] = ()) -> RunOutcome:
     from autograder.judge import RunJudge
 
     run_dir = Path(tempfile.mkdtemp(prefix="minigpt-run-"))  # short: a socket's path has at most 107 bytes
@@ -222,7 +254,10 @@ def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, 
         name = f"{chapter}.ipynb"
         (run_dir / "in").mkdir()
         (run_dir / "sock").mkdir()
-        nbformat.write(nb, run_dir / "in" / name)
+        sent = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+        for i in skip:
+            sent.cells[i].source = ""  # nbgrader's executor sends no empty cell to the kernel
+        nbformat.write(sent, run_dir / "in" / name)
         blocked = blocked_modules(chapter)
         sandbox.prepare(run_dir, chapter, blocked)
         box = sandbox.Limits(memory=limits.memory, processes=limits.processes, timeout=limits.timeout)

@@ -1,6 +1,11 @@
 """What every notebook's judge process needs, loaded once: imported by the fork server that ``autograder.run``
 forks the judge processes from, so that each fork starts with torch, transformers and every chapter's checks
-already in memory (about 5 s of imports, paid once per grader process instead of once per notebook)."""
+already in memory (about 5 s of imports, paid once per grader process instead of once per notebook), and the answers
+that the checks of the chapters about to be graded compare every notebook with (their module's ``warm_up``; the
+chapters in ``run.WARM_ENV``)."""
+import os
+import sys
+
 import torch
 import transformers
 
@@ -11,3 +16,7 @@ torch.set_num_threads(1)  # before any operation: a fork must not inherit a pool
 transformers.GPT2LMHeadModel  # noqa: B018 (transformers loads its parts lazily: load the ones the checks use)
 for _chapter in CHAPTERS:
     judge.checks(_chapter)
+for _chapter in filter(None, os.environ.get("MINIGPT_WARM_CHAPTERS", "").split(",")):
+    for _module in {fn.__module__ for fn in judge.checks(_chapter).values()}:
+        if hasattr(sys.modules[_module], "warm_up"):
+            sys.modules[_module].warm_up()

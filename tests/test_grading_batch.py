@@ -94,8 +94,8 @@ def row(result: base.Result) -> tuple:
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_the_warm_kernel_gives_the_graders_scores_and_messages(batch, workdir, chapter):
-    """Cell for cell; and the same errors of the learner's own cells, up to the last test cell (where the warm
-    kernel stops)."""
+    """Cell for cell; and the same errors of the learner's own cells (both run the same cells: not the closing demos,
+    ``run.skipped_when_graded``)."""
     ch = chapter_module(chapter)
     with warm_kernel(chapter) as kernel:
         warm = {student: judge_submission(kernel, student, submission(ch, case))

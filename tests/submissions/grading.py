@@ -39,7 +39,7 @@ import minigpt
 
 from autograder import base, intake, sandbox, scoring, workspace
 from autograder.judge import RunJudge
-from autograder.run import (RunOutcome, blocked_modules, executed_outputs, judged_cells,
+from autograder.run import (RunOutcome, blocked_modules, executed_outputs, judged_cells, skipped_when_graded,
                              solution_cell_names)
 
 from . import Mutant, Variant, apply_edits, graded_notebook, learner_notebook, solution_ids
@@ -111,16 +111,15 @@ class WarmKernel:
         return json.loads(line) if line else "the kernel died"
 
     def run(self, nb: nbformat.NotebookNode) -> RunOutcome:
-        """Run the notebook ``nb`` (as the grader runs it: ``graded_notebook``) up to its last test cell, and judge
-        its hidden cells. What comes after (the chapter's closing demos) can change no score and no message of a
-        test cell (tests/test_grading_batch.py runs it, through the real grader)."""
+        """Run the notebook ``nb`` (as the grader runs it: ``graded_notebook``) and judge its hidden cells: the cells
+        the grader's kernel runs, the same ones (``skipped_when_graded``: not the closing demos)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         self.runs += 1
         run_dir = self.folder / f"run{self.runs}"
         run_dir.mkdir()
-        end = graded_part(nb)
-        cells = [[i, c.source] for i, c in enumerate(nb.cells[:end]) if c.cell_type == "code"]
+        skipped = set(skipped_when_graded(nb, learner_notebook(self.chapter, None)))
+        cells = [[i, c.source] for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in skipped]
         start = time.monotonic()
         with RunJudge(run_dir / "judge", judged_cells(nb), solution_cell_names(nb),
                       cell_timeout=LIMITS.cell_timeout + 15) as judge:  # as autograder.run gives it
@@ -155,25 +154,17 @@ class WarmKernel:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def graded_part(nb: nbformat.NotebookNode) -> int:
-    """The number of cells up to the notebook's last test cell: the part of the notebook that its scores depend on."""
-    tested = set(judged_cells(nb))
-    return 1 + max((i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") in tested),
-                   default=len(nb.cells) - 1)
-
-
 def learner_errors(autograded: nbformat.NotebookNode) -> list[str]:
-    """What ``scoring.read_result`` says of the errors of the learner's own cells (not test cells), for the cells up
-    to the last test cell."""
+    """What ``scoring.read_result`` says of the errors of the learner's own cells (not test cells)."""
     return [f"{intake.cell_name(autograded, i)}: {scoring._located(cell, autograded)}"
-            for i, cell in enumerate(autograded.cells[:graded_part(autograded)])
+            for i, cell in enumerate(autograded.cells)
             if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")
             and any(o.get("output_type") == "error" for o in cell.get("outputs", []))][:5]
 
 
 def judge_submission(kernel: WarmKernel, student: str, submitted: nbformat.NotebookNode) -> base.Result:
     """A submission's row as ``minigpt-grade`` writes it (score, lost cells and their messages, errors of the
-    learner's own cells up to the last test cell: ``learner_errors``), from its run in the warm kernel: the
+    learner's own cells: ``learner_errors``), from its run in the warm kernel: the
     grader's ``assemble`` and ``cell_scores``, then what ``scoring.read_result`` reads from the gradebook and the
     autograded notebook."""
     from nbgrader.preprocessors import LimitOutput
