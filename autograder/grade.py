@@ -46,7 +46,7 @@ from autograder.intake import check_chapters, check_student, class_submissions, 
     graded_chapters, notebook_submissions, read_notebook, read_submission, review_notes, sanitize, wrong_chapter
 from autograder.reports import Progress, format_table, workspace_results, write_feedback, write_reports, \
     withheld_because
-from autograder.run import JudgeFailed, run_one, skipped_when_graded, start_fork_server
+from autograder.run import JudgeFailed, fork_server, run_one, skipped_when_graded
 from autograder.scoring import assemble, cell_scores, read_result, record
 from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path
 
@@ -100,6 +100,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     chapters = sorted({s.chapter for s in submissions})
     ws = Workspace(workdir, course_root)
     ws.open(chapters, fresh, verbose)
+    release = {ch: ws.released(ch) for ch in chapters}  # each chapter's released notebook, read once
     released = {ch: ws.released_grade_ids(ch) for ch in chapters}
     all_ids = {ch: set(ids) for ch, ids in released.items()}
     for ch in course_chapters(course_root):
@@ -150,7 +151,7 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         if why:
             finish(s, Result(s.student, s.chapter, "wrong-notebook", detail=why), digest)
             continue
-        notes = review_notes(nb, ws.released(s.chapter), s.chapter) + ([receipt_note] if receipt_note else [])
+        notes = review_notes(nb, release[s.chapter], s.chapter) + ([receipt_note] if receipt_note else [])
         try:
             prepared = sanitize(nb, ws, s)
         except Exception as err:  # noqa: BLE001 (nbgrader refuses what it cannot read)
@@ -163,11 +164,11 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     try:
         jobs = jobs or default_jobs()
         if todo:
-            start_fork_server(sorted({s.chapter for s, *_ in todo}))
+            fork_server(sorted({s.chapter for s, *_ in todo}))
         threads = max(1, default_jobs() // min(jobs, max(1, len(todo))))  # each notebook's share of the cores
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(run_one, s.chapter, prepared, limits, sandboxed, threads, checks,
-                                   skipped_when_graded(prepared, ws.released(s.chapter))):
+                                   skipped_when_graded(prepared, release[s.chapter])):
                        (s, digest, data, prepared, notes) for s, digest, data, prepared, notes in todo}
             for future in concurrent.futures.as_completed(futures):
                 s, digest, data, prepared, notes = futures[future]

@@ -15,6 +15,7 @@ row: no other notebook's judging waits on it or shares its memory.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -108,15 +109,10 @@ _context = None
 WARM_ENV = "MINIGPT_WARM_CHAPTERS"  # the chapters whose checks' answers the fork server computes ahead (warm.py)
 
 
-def start_fork_server(chapters=()) -> None:
-    """Start the fork server now (once per grader process: later batches reuse it), with the answers that the
-    checks of ``chapters`` compare every notebook with already computed, so that no judge process computes them."""
-    _fork_server(chapters)
-
-
-def _fork_server(chapters=()):
-    """The fork server's context, its preloaded module named once per grader process (the first batch starts it;
-    later batches in the same process reuse it)."""
+def fork_server(chapters=()):
+    """The fork server's context, started once per grader process (the first batch starts it; later batches in the
+    same process reuse it), with the answers that the checks of ``chapters`` compare every notebook with already
+    computed, so that no judge process computes them (``warm.py``)."""
     global _context
     if _context is None:
         context = multiprocessing.get_context("forkserver")
@@ -136,7 +132,7 @@ def run_one(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, th
     result within twice (a run that never started is run once more) the notebook's time limit and a grace.
     ``checks``: modules of a course's own checks, imported by the judge process. ``skip``: the cells not to run
     (``skipped_when_graded``)."""
-    ctx = _fork_server()
+    ctx = fork_server()
     receiver, sender = ctx.Pipe(duplex=False)
     # The fork server started with this process's path and environment of that moment: the judge gets today's.
     grader = {"path": list(sys.path), "environ": dict(os.environ), "checks": list(checks), "skip": list(skip)}
@@ -254,7 +250,7 @@ def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, 
         name = f"{chapter}.ipynb"
         (run_dir / "in").mkdir()
         (run_dir / "sock").mkdir()
-        sent = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+        sent = copy.deepcopy(nb)
         for i in skip:
             sent.cells[i].source = ""  # nbgrader's executor sends no empty cell to the kernel
         nbformat.write(sent, run_dir / "in" / name)

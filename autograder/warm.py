@@ -10,13 +10,14 @@ import torch
 import transformers
 
 from autograder import judge
+from autograder.run import WARM_ENV
 from minigpt import CHAPTERS
 
 torch.set_num_threads(1)  # before any operation: a fork must not inherit a pool of OpenMP threads
 transformers.GPT2LMHeadModel  # noqa: B018 (transformers loads its parts lazily: load the ones the checks use)
 for _chapter in CHAPTERS:
     judge.checks(_chapter)
-for _chapter in filter(None, os.environ.get("MINIGPT_WARM_CHAPTERS", "").split(",")):
+for _chapter in filter(None, os.environ.get(WARM_ENV, "").split(",")):
     for _module in {fn.__module__ for fn in judge.checks(_chapter).values()}:
         if hasattr(sys.modules[_module], "warm_up"):
             sys.modules[_module].warm_up()

@@ -75,6 +75,7 @@ class WarmKernel:
                       for m in blocked},
             "sandbox_side": [n.removesuffix(".py") for n in sandbox.SANDBOX_SIDE if n != "__init__.py"],
         })
+        self.release = learner_notebook(chapter, None)  # what ``skipped_when_graded`` compares with
         self.proc: subprocess.Popen | None = None
         self.runs = 0
 
@@ -118,7 +119,7 @@ class WarmKernel:
         self.runs += 1
         run_dir = self.folder / f"run{self.runs}"
         run_dir.mkdir()
-        skipped = set(skipped_when_graded(nb, learner_notebook(self.chapter, None)))
+        skipped = set(skipped_when_graded(nb, self.release))
         cells = [[i, c.source] for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in skipped]
         start = time.monotonic()
         with RunJudge(run_dir / "judge", judged_cells(nb), solution_cell_names(nb),
