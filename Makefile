@@ -22,10 +22,11 @@ course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
-# The whole suite on two workers, one test file each at a time; it prints its 15 slowest tests, and fails past its
-# time budget (tests/conftest.py: 30 minutes) naming its 10 slowest.
+# The whole suite on two workers, one test file each at a time, the longest files first (tests/conftest.py:
+# LONGEST_FIRST); it prints its 15 slowest tests, and fails past its time budget (tests/conftest.py: 30 minutes)
+# naming its 10 slowest.
 test: $(STAMP) system-packages hub-tools
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # JupyterLab on the learner notebooks. Jupyter refuses to run as root unless told to: as root (a container), it is.
 lab: $(STAMP)
