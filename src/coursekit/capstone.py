@@ -100,6 +100,7 @@ class Oracle:
     hf: torch.nn.Module
     enc: object  # tiktoken.Encoding
     text: list[int]  # a page of a play the model never trained on: a full window and a little more
+    generated: dict = dataclasses.field(default_factory=dict, repr=False)  # hf_generate's answers, computed once
 
     @property
     def config(self):
@@ -170,12 +171,15 @@ def hf_generate(o: Oracle, prompt: list[int], n: int, seed: int | None = None, *
     settings = {"eos_token_id": o.enc.eot_token, **settings}
     if settings.get("do_sample"):
         settings.setdefault("top_k", 0)  # no top-k unless asked: generate's default is 50
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), quiet_transformers():
-        if seed is not None:
-            torch.manual_seed(seed)
-        out = o.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                            max_new_tokens=n, pad_token_id=o.enc.eot_token, **settings)
-    return _until_end(out[0, len(prompt):].tolist(), {o.enc.eot_token})
+    key = (tuple(prompt), n, seed, repr(sorted(settings.items())))
+    if key not in o.generated:  # the same answer for every package compared with this oracle
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), quiet_transformers():
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = o.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                max_new_tokens=n, pad_token_id=o.enc.eot_token, **settings)
+        o.generated[key] = _until_end(out[0, len(prompt):].tolist(), {o.enc.eot_token})
+    return list(o.generated[key])
 
 
 def drive(model, prompt: list[int], n: int, choose: Callable | None = None, end: int | None = None) -> list[int]:
