@@ -298,6 +298,7 @@ PLAIN = [
     (r"[a-z]+( [a-z]+)?", "ab", SMALL_TEXT_EOS),
     (r'"[^"]{0,3}"', "\"é", SMALL_TEXT_EOS),
     (r"\w+", "", SMALL_TEXT_EOS),
+    (r"(no|not sure)", "not", SMALL_TEXT_EOS),  # a match starts "not" ("no"), but "not" is none: no end-of-text
 ]
 GPT2_PLAIN = [(r"-?\d{1,4}(\.\d\d)?", "3"), (r"(yes|no|not sure)", "no"), (r'"[^"]{0,5}"', "\"ab")]
 
@@ -323,6 +324,10 @@ def _plain_mistakes(pattern, written, texts, eos):
                                                                       partial=True)} | eos_full),
         ("you checked the token's text alone; check written + text, the whole text so far",
          lambda: {i for i, t in enumerate(texts) if t and partial(pattern, t)} | eos_full),
+        ("end-of-text is allowed only when written is a whole match: regex.fullmatch, not regex.match (which is "
+         "content with a match at the start of written, such as 'no' in 'not')",
+         lambda: {i for i, t in enumerate(texts) if t and partial(pattern, written + t)}
+         | (set(eos) if regex.match(pattern, written, flags=regex.ASCII) else set())),
         ("end-of-text is allowed only when written is a FULL match (regex.fullmatch without partial)",
          lambda: {i for i, t in enumerate(texts) if t and partial(pattern, written + t)}
          | (set(eos) if partial(pattern, written) else set())),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 
 import torch
@@ -151,7 +152,12 @@ def _ce_mistake(logits, targets, got) -> str:
     return "-log softmax(logits)[target] at each position, then the mean"
 
 
-PERPLEXITY_CASES = (0.0, 1.0, math.log(50257), 4.6, 100.0)  # e ** 100 is finite in float64, inf in float32
+# e ** 100 is finite in float64, inf in float32; e ** 1000 is past float64 too (math.exp raises): inf, as documented
+PERPLEXITY_CASES = (0.0, 1.0, math.log(50257), 4.6, 100.0, 1000.0)
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf
 
 
 @cell("test_cross_entropy", parts={LOSSES: 3, LARGE: 2, MASKED: 1, DTYPES: 1, GRADIENTS: 2, BAD_SHAPES: 1,
@@ -179,8 +185,12 @@ def check_cross_entropy(cross_entropy, perplexity):
                                "targets.shape == logits.shape[:2] first")
     with part(PERPLEXITY):
         for loss in PERPLEXITY_CASES:
-            got, want = call(perplexity, loss, name="perplexity"), math.exp(loss)
-            if not isinstance(got, float) or not close(got, want, atol=0, rtol=1e-6):
+            want = _perplexity(loss)
+            got = call(perplexity, loss, name="perplexity",
+                       hint="" if want < math.inf else "e ** loss is past what a float holds: math.exp raises "
+                       "OverflowError there; return math.inf, as the docstring says")
+            if not isinstance(got, float) or not (got == want if want == math.inf else
+                                                  close(got, want, atol=0, rtol=1e-6)):
                 overflow = isinstance(got, float) and got == math.inf
                 fail(f"perplexity({loss:.4g}) returned {show(got)}, expected {want:.6g}",
                      "e ** loss overflows float32 above a loss of about 88.7: compute it as a Python float (float64), "

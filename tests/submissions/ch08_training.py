@@ -51,6 +51,10 @@ MUTANTS = [
            (Edit("cross_entropy", """    value = loss.item() if isinstance(loss, torch.Tensor) else float(loss)
     return math.exp(value) if value < 709 else math.inf""", "    return float(torch.exp(torch.as_tensor(loss)))"),),
            {"test_cross_entropy": "overflows float32"}),
+    Mutant("perplexity-overflows", "perplexity by math.exp alone: OverflowError past a loss of 709.78",
+           (Edit("cross_entropy", "    return math.exp(value) if value < 709 else math.inf",
+                 "    return math.exp(value)"),),
+           {"test_cross_entropy": "return math.inf, as the docstring says"}),
     # ---- estimate_loss
     Mutant("estimate-no-eval", "measures in training mode (dropout on)",
            (Edit("estimate_loss", "    model.eval()\n", ""),),

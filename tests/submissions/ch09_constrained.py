@@ -59,6 +59,9 @@ MUTANTS = [
            (Edit("plain_regex", PLAIN_EOS,
                  PLAIN_EOS.replace("flags=regex.ASCII)", "flags=regex.ASCII, partial=True)")),),
            {"test_plain_regex": "end-of-text is allowed only when written is a FULL match"}),
+    Mutant("plain-eos-on-match", "end-of-text allowed when a match starts written (regex.match), not when it is one",
+           (Edit("plain_regex", PLAIN_EOS, PLAIN_EOS.replace("regex.fullmatch(", "regex.match(")),),
+           {"test_plain_regex": "regex.fullmatch, not regex.match"}),
     # ---- the trie and the fast mask
     Mutant("trie-replaces-ids", "a node keeps only the last id that ends there",
            (Edit("fast_mask", "        node.ids.append(i)\n", "        node.ids = [i]\n"),),
