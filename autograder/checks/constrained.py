@@ -460,7 +460,8 @@ SCHEMAS = [
     {"type": "object", "properties": {"speaker": {"enum": ["ROMEO", "JULIET"]}, "line": {"type": "string"},
                                       "mood": {"enum": ["happy", "sad"]}}},
     {"type": "object", "properties": {"act": {"type": "integer"}, "aside": {"type": "boolean"},
-                                      "said": {"type": "string", "maxLength": 4}, "who?": {"enum": ["a.b", "(c)"]}}},
+                                      "said": {"type": "string", "maxLength": 4},
+                                      "who?": {"enum": ["a.b", "(c)", 'say "no"', "back\\slash"]}}},
     {"type": "object", "properties": {"n": {"type": "integer"}}},
 ]
 VALUES = {
@@ -594,6 +595,9 @@ def _check_compiles(compile_regex, label: str, pattern: str) -> None:
 
 
 def _schema_hint(text: str, pattern: str) -> str:
+    if "\\" in text:  # a value json.dumps escapes: a quote or a backslash inside (strings here hold neither)
+        return ("an enum value is written as json.dumps writes it, a backslash before each quote and backslash "
+                "inside: escape(json.dumps(value)), not the value between quotes")
     if '":"' in pattern.replace("\\", "") or '","' in pattern.replace("\\", ""):
         return "json.dumps writes ': ' after a key and ', ' between fields (with a space)"
     return "build the pattern piece by piece: escape('{'), then for each property its quoted key, ': ', its value"

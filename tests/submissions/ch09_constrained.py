@@ -102,6 +102,10 @@ MUTANTS = [
            (Edit("schema", '            value = "(" + "|".join(escape(json.dumps(v)) for v in field["enum"]) + ")"\n',
                  '            value = "(" + "|".join(json.dumps(v) for v in field["enum"]) + ")"\n'),),
            {"test_schema": "does not match"}),
+    Mutant("schema-enum-quoted-by-hand", "enum values put between quotes by hand, not as json.dumps writes them",
+           (Edit("schema", '            value = "(" + "|".join(escape(json.dumps(v)) for v in field["enum"]) + ")"\n',
+                 '            value = "(" + "|".join(escape(\'"\' + v + \'"\') for v in field["enum"]) + ")"\n'),),
+           {"test_schema": "escape(json.dumps(value))"}),
     # ---- generation
     Mutant("gen-no-mask", "the logits go to the sampler unmasked",
            (Edit("generate", "        logits = last_logits(runner, ids).masked_fill(~allowed, NEG_INF)\n",
