@@ -487,10 +487,14 @@ def _unclipped_matches(seed, batches, lr, params) -> bool:
 
 # ---------------------------------------------------------------- train
 
-TRAIN_CASES = [  # (model seed, data seed, steps, start_step, batch_size, eval_every, schedule)
-    (30, 0, 7, 0, 3, 3, dict(max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=7)),
-    (31, 1, 6, 2, 2, 0, dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=1, max_steps=6)),
-    (32, 2, 4, 0, 4, 2, dict(max_lr=2e-3, min_lr=2e-3, warmup_steps=0, max_steps=4)),
+TRAIN_CASES = [  # (model seed, data seed, steps, start_step, batch_size, eval_every, schedule, options)
+    (30, 0, 7, 0, 3, 3, dict(max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=7), {}),
+    (31, 1, 6, 2, 2, 0, dict(max_lr=1e-3, min_lr=1e-4, warmup_steps=1, max_steps=6), {}),
+    (32, 2, 4, 0, 4, 2, dict(max_lr=2e-3, min_lr=2e-3, warmup_steps=0, max_steps=4), {}),
+    # train's own defaults and what it passes on: no evaluate at all (None), a max_grad_norm that clips hard (with
+    # plain SGD, whose steps shrink with the clipped gradient: AdamW's would not show it)
+    (33, 3, 4, 0, 2, 2, dict(max_lr=0.1, min_lr=0.01, warmup_steps=1, max_steps=4),
+     {"evaluate": None, "max_grad_norm": 0.02, "optimizer": "sgd"}),
 ]
 
 
@@ -503,40 +507,50 @@ def check_train(train):
     ran = []  # (label, the case, the optimizer and recorder given, what train returned, the reference's, its recorder)
     with part(TRAIN_LOSSES):
         for case in TRAIN_CASES:
-            seed, data_seed, steps, start, B, every, schedule = case
+            seed, data_seed, steps, start, B, every, schedule, options = case
             model = make("training.tiny_gpt", seed)
-            optimizer = make("training.adamw", model, schedule["max_lr"])
-            recorder = make("training.Recorder")
+            optimizer = make(f"training.{options.get('optimizer', 'adamw')}", model, schedule["max_lr"])
+            recorder = make("training.Recorder") if "evaluate" not in options else None
             ids = _stream(600, data_seed, vocab=97)
-            label = (f"train(<GPT>, <AdamW>, <600 ids>, steps={steps}, batch_size={B}, schedule={schedule}, "
-                     f"eval_every={every}, start_step={start})")
+            # train's own arguments (evaluate=None: left to train's default)
+            given = {k: v for k, v in options.items() if v is not None and k != "optimizer"}
+            shown = "SGD" if options.get("optimizer") == "sgd" else "AdamW"
+            label = (f"train(<GPT>, <{shown}>, <600 ids>, steps={steps}, batch_size={B}, schedule={schedule}, "
+                     f"eval_every={every}, start_step={start}"
+                     + "".join(f", {k}={v!r}" for k, v in given.items()) + ")")
             log = call(train, model, optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
-                       generator=make("training.generator", data_seed), eval_every=every, evaluate=recorder,
-                       start_step=start, progress=False, label=label, hint=because_of(**uses))
-            with seeded(seed):
-                ours = recipes.tiny_gpt(seed)
-                our_optimizer = recipes.adamw(ours, lr=schedule["max_lr"])
-                our_recorder = recipes.Recorder()
-                want = reference.train(ours, our_optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
-                                       generator=torch.Generator().manual_seed(data_seed), eval_every=every,
-                                       evaluate=our_recorder, start_step=start, progress=False)
+                       generator=make("training.generator", data_seed), eval_every=every, start_step=start,
+                       progress=False, **({"evaluate": recorder} if recorder is not None else {}), **given,
+                       label=label, hint=because_of(**uses) or ("" if recorder is not None else
+                                                                "evaluate is None unless one is given: call it only "
+                                                                "then"))
+            want, our_recorder = _reference_train(case)
             if not isinstance(log, dict) or "losses" not in log or "evals" not in log:
                 fail(f"{label} returned {show(log)}, expected a dict with 'losses' and 'evals'")
             ran.append((label, case, optimizer, recorder, log, want, our_recorder))
             losses = log["losses"]
             if not close(losses, want["losses"], atol=1e-4, rtol=0):
+                hint = because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, " \
+                    "model.config.block_size, generator), then train_step"
+                unclipped = (*case[:7], {"optimizer": options.get("optimizer", "adamw")})  # train_step's default
+                if "max_grad_norm" in given and not because_of(**uses) and \
+                        close(losses, _reference_train(unclipped)[0]["losses"], atol=1e-4, rtol=0):
+                    hint = "pass max_grad_norm on: train_step(model, optimizer, x, y, max_grad_norm)"
                 fail(f"{label} recorded the losses "
                      f"{show([_rounded(v) for v in losses] if isinstance(losses, list) else losses)}, "
-                     f"expected {show([round(v, 4) for v in want['losses']])}",
-                     because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, "
-                     "model.config.block_size, generator), then train_step")
+                     f"expected {show([round(v, 4) for v in want['losses']])}", hint)
     if not ran:  # nothing more to read of runs that crashed
         return
     with part(RATES):
-        for label, (_, _, steps, start, _, _, schedule), optimizer, *_ in ran:
+        for label, (_, _, steps, start, _, _, schedule, _), optimizer, *_ in ran:
             _check_rates(label, optimizer, schedule, start, steps)
     with part(EVALUATIONS):
         for label, _, _, recorder, log, want, our_recorder in ran:
+            if recorder is None:  # no evaluate given: nothing to call, nothing kept
+                if list(log["evals"]) != []:
+                    fail(f"{label}['evals'] is {show(log['evals'])}, expected [] (no evaluate was given)",
+                         "append to evals only when evaluate is given")
+                continue
             if recorder.calls != our_recorder.calls:
                 fail(f"{label} called evaluate with {show(recorder.calls)}, expected {show(our_recorder.calls)}",
                      "after each eval_every steps done (steps done = step + 1), and after the last step")
@@ -544,6 +558,20 @@ def check_train(train):
                     [tuple(e) for e in log["evals"]] != [tuple(e) for e in want["evals"]]:
                 fail(f"{label}['evals'] is {show(log['evals'])}, expected {show(want['evals'])}",
                      "append (steps done, what evaluate returned) for each call")
+
+
+def _reference_train(case) -> tuple[dict, object]:
+    """The reference's log of a TRAIN_CASES case, and the recorder it called (None when the case gives none)."""
+    seed, data_seed, steps, start, B, every, schedule, options = case
+    with seeded(seed):
+        ours = recipes.tiny_gpt(seed)
+        our_optimizer = getattr(recipes, options.get("optimizer", "adamw"))(ours, lr=schedule["max_lr"])
+        recorder = recipes.Recorder() if "evaluate" not in options else None
+        log = reference.train(ours, our_optimizer, _stream(600, data_seed, vocab=97), steps=steps, batch_size=B,
+                              schedule=schedule, generator=torch.Generator().manual_seed(data_seed), eval_every=every,
+                              evaluate=recorder, start_step=start, progress=False,
+                              **{k: v for k, v in options.items() if k not in ("evaluate", "optimizer")})
+    return log, recorder
 
 
 def _rounded(value):

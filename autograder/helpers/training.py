@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["generator", "tiny_gpt", "Watched", "adamw", "Recorder", "parameters", "gradient_norms", "run"]
+__all__ = ["generator", "tiny_gpt", "Watched", "adamw", "sgd", "Recorder", "parameters", "gradient_norms", "run"]
 
 
 def generator(seed: int) -> torch.Generator:
@@ -41,6 +41,20 @@ def Watched(model):
             return self.model(idx)
 
     return WatchedModel(model)
+
+
+def sgd(model, lr: float = 1e-2):
+    """Plain SGD, recording the learning rate of every group at each step in ``.lrs``. Its step follows the
+    gradient's size, so clipping shows in the losses; AdamW's hardly changes when every gradient is scaled alike."""
+
+    class RecordingSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            self.lrs.append([group["lr"] for group in self.param_groups])
+            return super().step(closure)
+
+    optimizer = RecordingSGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    optimizer.lrs = []
+    return optimizer
 
 
 def adamw(model, lr: float = 1e-3, weight_decay: float = 0.1, betas=(0.9, 0.95)):
