@@ -533,7 +533,9 @@ def check_train(train):
                 hint = because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, " \
                     "model.config.block_size, generator), then train_step"
                 unclipped = (*case[:7], {"optimizer": options.get("optimizer", "adamw")})  # train_step's default
-                if "max_grad_norm" in given and not because_of(**uses) and \
+                if not because_of(**uses) and _groups_apart(optimizer):
+                    hint = GROUPS_HINT
+                elif "max_grad_norm" in given and not because_of(**uses) and \
                         close(losses, _reference_train(unclipped)[0]["losses"], atol=1e-4, rtol=0):
                     hint = "pass max_grad_norm on: train_step(model, optimizer, x, y, max_grad_norm)"
                 fail(f"{label} recorded the losses "
@@ -578,7 +580,20 @@ def _rounded(value):
     return round(value, 4) if isinstance(value, float) else value  # what the learner's list holds, shown as it is
 
 
+GROUPS_HINT = ("set the learning rate of every parameter group, not only the first: for group in "
+               "optimizer.param_groups: group[\"lr\"] = lr (the optimizer has two: with and without weight decay)")
+
+
+def _groups_apart(optimizer) -> bool:
+    """Whether some step ran the optimizer's parameter groups at different learning rates (train sets them all)."""
+    steps = optimizer.lrs
+    return isinstance(steps, list) and any(isinstance(g, list) and len(set(map(repr, g))) > 1 for g in steps)  # nan
+
+
 def _check_rates(label: str, optimizer, schedule: dict, start: int, steps: int) -> None:
+    if _groups_apart(optimizer):
+        fail(f"{label}: the optimizer's parameter groups ran at different learning rates "
+             f"({show(next(g for g in optimizer.lrs if len(set(map(repr, g))) > 1))} at one step)", GROUPS_HINT)
     lrs = [group[0] for group in optimizer.lrs]
     want_lrs = [reference.lr_at(s, **schedule) for s in range(start, steps)]
     if len(lrs) != len(want_lrs):

@@ -121,6 +121,12 @@ MUTANTS = [
             group["lr"] = lr
 """, ""),),
            {"test_train": "learning rate"}),
+    Mutant("train-lr-first-group", "sets the learning rate of the first parameter group only",
+           (Edit("train", """        for group in optimizer.param_groups:
+            group["lr"] = lr
+""", """        optimizer.param_groups[0]["lr"] = lr
+"""),),
+           {"test_train": "every parameter group"}),
     Mutant("train-eval-off-by-one", "evaluates after eval_every steps counted from 0",
            (Edit("train", "(eval_every and done % eval_every == 0)", "(eval_every and step % eval_every == 0)"),),
            {"test_train": "called evaluate"}),
