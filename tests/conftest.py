@@ -21,11 +21,11 @@ BUDGET_MINUTES = 30
 # ones start first and the short ones fill in at the end: the run ends close to when the two workers' shares do, not
 # with one long file alone on one worker (xdist's own order, by number of tests, left the one-test hub file last).
 LONGEST_FIRST = [
-    "test_site.py", "test_chapter09_grading.py", "test_hostile_grading.py", "test_chapter06_grading.py",
-    "test_grading_tool.py", "test_constrained.py", "test_hub.py", "test_chapter01_grading.py", "test_capstone.py",
-    "test_chapter07_grading.py", "test_chapter08_grading.py", "test_chapter05_grading.py",
-    "test_chapter04_grading.py", "test_chapter02_grading.py", "test_shipped_model.py", "test_student_release.py",
-    "test_chapter03_grading.py", "test_benchmarks.py", "test_samplers.py", "test_kv_cache.py", "test_generation.py",
+    "test_site.py", "test_grading_batch.py", "test_hostile_grading.py", "test_grading_tool.py",
+    "test_chapter06_grading.py", "test_capstone.py", "test_hub.py", "test_chapter09_grading.py",
+    "test_constrained.py", "test_chapter08_grading.py", "test_shipped_model.py", "test_chapter01_grading.py",
+    "test_student_release.py", "test_chapter05_grading.py", "test_chapter07_grading.py", "test_benchmarks.py",
+    "test_samplers.py", "test_kv_cache.py", "test_generation.py", "test_chapter04_grading.py",
 ]
 JUDGED = "judged"  # the user property of a test that graded a mutant or variant (`count_graded`)
 

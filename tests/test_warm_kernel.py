@@ -1,6 +1,6 @@
 """The warm kernel (tests/submissions/kernel.py) runs a notebook as the grader's sandboxed kernel does: the things that
 could make the chapters' tests of the tests differ from real grading, each on a small notebook of its own.
-Each chapter's tests compare the two on four of its notebooks (tests/submissions/grading.py: grade_batch)."""
+tests/test_grading_batch.py compares the two on the course's notebooks."""
 import nbformat
 import pytest
 

@@ -9,8 +9,8 @@ sandbox, nbgrader and a new kernel per notebook): one warm learner-side process 
 ``kernel.py``) runs each notebook's code cells in order, as the grader's kernel would, and its hidden cells serve the
 real judge (``autograder.judge.RunJudge``) through the real wire; the grader's own code then turns the verdicts and the
 cells' errors into the autograded notebook, scores and messages (``executed_outputs``, ``scoring.assemble``,
-``scoring.cell_scores``). Each chapter's tests also grade four of its submissions through the real ``minigpt-grade``,
-in one batch (``grade_batch``), and check that both ways give the same scores and messages.
+``scoring.cell_scores``). `tests/test_grading_batch.py` grades four submissions of every chapter through the real
+``minigpt-grade`` as well, in one batch, and checks that both ways give the same scores and messages.
 
 A chapter's test file states what is its own and takes the rest from here, into its own namespace, so that each
 chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over the workers by file):
@@ -264,42 +264,6 @@ def expect_variant(result: base.Result, variant: Variant) -> None:
     assert result.score == result.max_score and result.lost == [], f"{variant.name}: {summary(result)}"
 
 
-# ---------------------------------------------------------------- the real grader on four notebooks
-
-
-BATCH_STUDENTS = ("reference", "untouched", "mistake", "variant")
-
-
-def batch_cases(ch: ModuleType) -> dict[str, str | Mutant | Variant]:
-    """{student: case} of the chapter's real batch: the reference, the untouched release, a mistake (the chapter's
-    first that loses points in two cells or more) and its first different correct answer."""
-    mistake = next((m for m in ch.MUTANTS if len(m.lost) >= 2), ch.MUTANTS[0])
-    return dict(zip(BATCH_STUDENTS, ("reference", "untouched", mistake, ch.VARIANTS[0])))
-
-
-def grade_batch(ch: ModuleType, chosen: dict, folder: Path) -> dict[str, base.Result]:
-    """{student: result} of one ``minigpt-grade`` run (``grade.grade``) of a class folder with ``chosen``'s
-    notebooks, its workspace in ``folder / "workdir"``. Every notebook must come back graded."""
-    from autograder import grade
-
-    for student, case in chosen.items():
-        (folder / "class" / student).mkdir(parents=True)
-        nbformat.write(submission(ch, case), folder / "class" / student / f"{ch.CHAPTER}.ipynb")
-    subs = intake.class_submissions(folder / "class", [], intake.course_chapters(base.DEFAULT_COURSE_ROOT))
-    assert sorted(s.student for s in subs) == sorted(chosen)
-    results = {r.student: r for r in grade.grade(subs, base.DEFAULT_COURSE_ROOT, folder / "workdir")}
-    assert {student: summary(r) for student, r in results.items() if r.status != "graded"} == {}
-    return results
-
-
-def batch_row(result: base.Result) -> tuple:
-    """What a learner is told of a graded notebook: score, each lost cell's points and message, what stopped the
-    run."""
-    score = None if result.score is None else round(result.score, 6)  # a sum of fractions, in the gradebook's order
-    return (result.status, score, result.max_score, result.needs_manual_grade, result.detail,
-            [(lp.grade_id, lp.score, lp.max_score, lp.message) for lp in result.lost])
-
-
 # ---------------------------------------------------------------- a chapter's tests
 
 
@@ -349,27 +313,5 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
     def test_different_correct_answer_gets_full_marks(graded, count_graded, key):
         count_graded(chapter, "variant", key)
         expect_variant(graded(variants[key]), variants[key])
-
-    @slow
-    def test_minigpt_grade_gives_the_warm_kernels_scores_and_messages(graded, tmp_path):
-        """Four notebooks of the chapter through the whole ``minigpt-grade`` in one batch (intake, nbgrader's
-        preprocessors, a sandboxed kernel and a judge process each, the gradebook, feedback): each meets the
-        chapter's expectations, and gets, cell for cell, the scores and messages its run in the warm kernel gave,
-        with the same errors of the learner's own cells (both run the same cells: not the closing demos,
-        ``run.skipped_when_graded``). What lets the warm kernel stand for the grader."""
-        chosen = batch_cases(ch)
-        real = grade_batch(ch, chosen, tmp_path)
-        expect_reference(real["reference"])
-        expect_untouched(real["untouched"], test_cells)
-        expect_mutant(real["mistake"], chosen["mistake"])
-        expect_variant(real["variant"], chosen["variant"])
-        for student, case in chosen.items():
-            warm = graded(case)
-            assert batch_row(warm) == batch_row(real[student]), \
-                f"{student} ({case if isinstance(case, str) else case.name}):\n  minigpt-grade {summary(real[student])}" \
-                f"\n  warm kernel {summary(warm)}"
-            autograded = nbformat.read(workspace.autograded_path(tmp_path / "workdir", student, chapter),
-                                       as_version=4)
-            assert warm.cell_errors == learner_errors(autograded), student
 
     return {name: obj for name, obj in locals().items() if name == "graded" or name.startswith("test_")}
