@@ -35,7 +35,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (what the mo
 from autograder.checks import once
 from autograder.helpers import constrained as recipes
 from autograder.helpers import samplers as gpt_recipes
-from autograder.judge import Remote, cell, learner_side, make, part, seeded
+from autograder.judge import Remote, ask, cell, learner_side, make, part, seeded
 from coursekit.testing import call, describe_error, fail, not_written, quiet_transformers, show
 
 END = 50256
@@ -399,6 +399,14 @@ def _vocab_index(vocab: tuple) -> tuple[dict[bytes, list[int]], set[bytes]]:
     return by_bytes, starts
 
 
+def _utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _fast_hints(pattern, written, got, want, vocab, eos) -> str:
     """Name the mistake the learner's fast mask made, from the tokens it allows and misses."""
     by_bytes, starts = _vocab_index(tuple(vocab))
@@ -409,6 +417,10 @@ def _fast_hints(pattern, written, got, want, vocab, eos) -> str:
     if missing and all(set(by_bytes[vocab[i]]) & got for i in missing):
         return ("two ids with the same bytes end at the same node of the trie: keep them both (ids is a list: "
                 "append, do not replace)")
+    if missing and all(not _utf8(vocab[i]) for i in missing):
+        return ("every token's bytes go into the trie, as bytes: a token need not be valid UTF-8 on its own (GPT-2 "
+                "writes a character like 猫 in pieces, b'\\xe7\\x8c' then b'\\xab', and each piece is a token "
+                "the DFA may allow). Keep them as bytes; do not skip the ones that fail to decode")
     if missing and all(vocab[i] in starts for i in missing):
         return ("a token whose node has children is allowed too: the ids at a node are allowed as soon as the DFA "
                 "is alive there, whether or not the walk goes deeper")
@@ -611,18 +623,20 @@ GEN_EOS = [63]
 PROMPT = [5, 17, 42, 8]
 
 
-def _script(seed: int, steps: int, width: int, eos_at: tuple[int, ...] = ()) -> list[list[int]]:
-    """The tokens allowed at each step: ``width`` random ids (and the end-of-text id at the steps ``eos_at``)."""
+def _script(seed: int, steps: int, width: int, eos_at: tuple[int, ...] = (), also=()) -> list[list[int]]:
+    """The tokens allowed at each step: ``width`` random ids and the ids ``also`` (and the end-of-text id at the
+    steps ``eos_at``)."""
     gen = torch.Generator().manual_seed(seed)
     script = []
     for k in range(steps):
-        ids = torch.randperm(63, generator=gen)[:width].tolist()
-        script.append(sorted(ids + (GEN_EOS if k in eos_at else [])))
+        ids = set(torch.randperm(63, generator=gen)[:width].tolist()) | set(also)
+        script.append(sorted(ids) + (GEN_EOS if k in eos_at else []))
     return script
 
 
 MASKED, SAMPLED, STOPPED, DEAD = ("greedy, masked", "sampling with the Sampler's settings",
                                   "end-of-text and max_new_tokens", "dead ends")
+CACHED = "chapter 7's cache when use_cache, the model itself otherwise"
 # (script, max_new_tokens, sampling, seed of the learner's global generator, use_cache, the part of test_generate)
 GENERATIONS = [
     (_script(1, 12, 6), 12, {}, None, True, MASKED),
@@ -634,6 +648,9 @@ GENERATIONS = [
     (_script(6, 8, 1), 8, {}, None, False, MASKED),
     (_script(7, 12, 5, eos_at=(11,)), 6, {}, None, True, STOPPED),
     (_script(8, 3, 4), 0, {}, None, True, STOPPED),
+    # the prompt's ids allowed at every step: penalties that see the whole history (prompt included) choose otherwise
+    (_script(10, 10, 4, also=PROMPT), 10, {"repetition_penalty": 3.0, "no_repeat_ngram_size": 2}, None, True,
+     SAMPLED),
 ]
 DEAD_ENDS = [(_script(9, 3, 4), 6), ([], 3)]
 
@@ -672,24 +689,28 @@ def _generation_label(n, sampling, use_cache) -> str:
             f"tokens at each step>, {n}, use_cache={use_cache}{settings})")
 
 
-@cell("test_generate", parts={MASKED: 3, SAMPLED: 2, STOPPED: 2, DEAD: 1})
+@cell("test_generate", parts={MASKED: 3, SAMPLED: 2, STOPPED: 2, DEAD: 1, CACHED: 1})
 def check_generate(constrained_generate):
-    model = make("samplers.random_gpt", *(GEN_SHAPE[k] for k in ("vocab_size", "block_size", "n_layer", "n_head",
-                                                                   "n_embd", "seed", "weight_std")))
+    model = make("constrained.recording_gpt", *(GEN_SHAPE[k] for k in ("vocab_size", "block_size", "n_layer",
+                                                                         "n_head", "n_embd", "seed", "weight_std")))
+    read: dict[int, list[int]] = {}  # case -> the positions each run of the model read
     for name in (MASKED, SAMPLED, STOPPED):
         with part(name):
             for case, generation in enumerate(GENERATIONS):
                 if generation[-1] == name:
-                    _check_generation(constrained_generate, model, case)
+                    _check_generation(constrained_generate, model, case, read)
+    with part(CACHED):
+        _check_cache_use(read)
     with part(DEAD):
         for script, n in DEAD_ENDS:
             _check_dead_end(constrained_generate, model, script, n)
 
 
-def _check_generation(constrained_generate, model: Remote, case: int) -> None:
+def _check_generation(constrained_generate, model: Remote, case: int, read: dict) -> None:
     script, n, sampling, seed, use_cache, _ = GENERATIONS[case]
     constraint = make("constrained.Scripted", script, GEN_EOS, GEN_VOCAB)
     label = _generation_label(n, sampling, use_cache)
+    ask("constrained.fed", model)  # what earlier runs read
     try:
         with learner_side(seed=seed or 0, no_grad=True):
             out = constrained_generate(model, None, list(PROMPT), constraint, n, use_cache=use_cache, **sampling)
@@ -699,6 +720,7 @@ def _check_generation(constrained_generate, model: Remote, case: int) -> None:
         if getattr(err, "grader_side", False):
             raise
         fail(f"{label} raised {describe_error(err)}", _asked_hint(constraint.asked) or _nan_hint(err))
+    read[case] = ask("constrained.fed", model)
     want = _hf_generation(case)
     ids, reason, text = (call(getattr, out, name, label=f"{label}.{name}") for name in ("ids", "finish_reason",
                                                                                         "text"))
@@ -714,6 +736,29 @@ def _check_generation(constrained_generate, model: Remote, case: int) -> None:
     if text != want_text:
         fail(f"{label} wrote the text {text!r}; expected {want_text!r}",
              "leave the given lines after the loop as they are: they decode new")
+
+
+def _check_cache_use(read: dict[int, list[int]]) -> None:
+    """With use_cache, the model reads the prompt once, then one new token a step (chapter 7's CachedModel, the
+    given ``runner``); without, the whole sequence each step."""
+    if not read:
+        fail("no call of constrained_generate returned, so how it runs the model cannot be seen",
+             "write the loop first: the parts above say what goes wrong")
+    for case, got in read.items():
+        _, n, sampling, _, use_cache, _ = GENERATIONS[case]
+        label = _generation_label(n, sampling, use_cache)
+        if use_cache:
+            want = [len(PROMPT)] + [1] * (len(got) - 1) if got else []
+            hint = ("run the given runner, not model: last_logits(runner, ids). With use_cache it is chapter 7's "
+                    "CachedModel, which keeps the keys and values of the ids it has seen and reads only the new "
+                    "token")
+        else:
+            want = list(range(len(PROMPT), len(PROMPT) + len(got)))
+            hint = ("with use_cache=False the given runner is the model itself: run it (last_logits(runner, ids)) "
+                    "on the whole sequence at each step")
+        if got != want:
+            fail(f"{label} ran the model on {show(got)} positions, one run after another; expected {show(want)}",
+                 hint)
 
 
 def _check_dead_end(constrained_generate, model: Remote, script, n: int) -> None:

@@ -503,6 +503,8 @@ FIND_STOP_CASES = [
     ("END", ["END"]),
     ("", ["\n"]),
     ("x\n\ny", ["\n\n", "\n"]),
+    # one stop string the start of another, the longer listed first and found later
+    ("ab then abc", ["abc", "ab"]),
 ]
 
 

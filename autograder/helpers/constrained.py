@@ -15,7 +15,7 @@ import torch
 
 from autograder.helpers.common import gpt2_encoding
 
-__all__ = ["gpt2_vocab", "gpt2_texts", "Scripted"]
+__all__ = ["gpt2_vocab", "gpt2_texts", "Scripted", "recording_gpt", "fed"]
 
 
 @functools.cache
@@ -59,3 +59,21 @@ class Scripted:
 
     def dead_end(self, ids: list[int]) -> str:
         return f"the script allows no token after {len(ids)} generated: the constraint can no longer be met"
+
+
+def recording_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
+                  weight_std: float):
+    """``samplers.random_gpt(...)`` that records how many positions each of its runs reads (what its embedding layer
+    is given: a whole sequence, or with chapter 7's cache the new token alone), for ``fed``."""
+    from autograder.helpers.samplers import random_gpt
+
+    model = random_gpt(vocab_size, block_size, n_layer, n_head, n_embd, seed, weight_std)
+    model.positions_read = []
+    model.emb.register_forward_pre_hook(lambda module, args: model.positions_read.append(int(args[0].shape[-1])))
+    return model
+
+
+def fed(model) -> list[int]:
+    """The positions each run of ``recording_gpt``'s model read since the last ``fed``, in order."""
+    read, model.positions_read[:] = list(model.positions_read), []
+    return read

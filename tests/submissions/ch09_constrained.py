@@ -66,6 +66,11 @@ MUTANTS = [
     Mutant("trie-replaces-ids", "a node keeps only the last id that ends there",
            (Edit("fast_mask", "        node.ids.append(i)\n", "        node.ids = [i]\n"),),
            {"test_fast_mask": "two ids with the same bytes"}),
+    Mutant("trie-skips-partial-utf8", "tokens whose bytes are not UTF-8 on their own are left out of the trie",
+           (Edit("fast_mask", "        if not piece:\n            continue\n",
+                 "        if not piece:\n            continue\n        try:\n            piece.decode(\"utf-8\")\n"
+                 "        except UnicodeDecodeError:\n            continue\n"),),
+           {"test_fast_mask": "a token need not be valid UTF-8 on its own"}),
     Mutant("mask-leaves-only", "only tokens at leaves of the trie are allowed",
            (Edit("fast_mask", "                ids.extend(child.ids)\n",
                  "                if not child.children:\n                    ids.extend(child.ids)\n"),),
@@ -129,6 +134,14 @@ MUTANTS = [
     Mutant("gen-one-step-short", "max_new_tokens - 1 steps",
            (Edit("generate", "    for _ in range(max_new_tokens):\n", "    for _ in range(max_new_tokens - 1):\n"),),
            {"test_generate": "at most max_new_tokens steps"}),
+    # ---- chapters 6 and 7 inside the loop
+    Mutant("gen-history-new-only", "the sampler sees only the generated ids: its penalties miss the prompt",
+           (Edit("generate", "        token = choose(logits, ids)\n", "        token = choose(logits, new)\n"),),
+           {"test_generate": "(prompt included) as the sampler's history"}),
+    Mutant("gen-no-cache", "the model itself at every step: use_cache changes nothing",
+           (Edit("generate", "        logits = last_logits(runner, ids).masked_fill(~allowed, NEG_INF)\n",
+                 "        logits = last_logits(model, ids).masked_fill(~allowed, NEG_INF)\n"),),
+           {"test_generate": "run the given runner, not model"}),
 ]
 
 NBGRADER_MUTANTS = ["choice-token-alone", "choice-eos-on-prefix", "plain-no-partial", "plain-no-ascii",
@@ -275,5 +288,14 @@ VARIANTS = [
             reason = "eos"
             break
         ids = ids + [token]
+"""),)),
+    Variant("generate-runner-by-hand", "the runner called on a (1, T) tensor, the history as prompt plus new ids",
+            edits=(Edit("generate", """\
+        logits = last_logits(runner, ids).masked_fill(~allowed, NEG_INF)
+        token = choose(logits, ids)
+""", """\
+        logits = runner(torch.tensor([ids]))[0, -1]
+        logits[~allowed] = float("-inf")
+        token = choose(logits, prompt_ids + new)
 """),)),
 ]
