@@ -36,7 +36,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from autograder.base import ANSI_ESCAPE
+from autograder.base import ANSI_ESCAPE, DEFAULT_CELL_TIMEOUT
 from autograder.intake import course_chapters as chapters
 from coursekit import export
 
@@ -264,6 +264,11 @@ In each notebook, replace every `raise NotImplementedError()` with your code and
 A failed test names the call, what it returned and what was expected. Those tests are a sample: your
 instructor grades with more.
 
+Before you hand a notebook in, run it the way the grader will: from the top, in a fresh kernel (in JupyterLab,
+Kernel > Restart Kernel and Run All Cells). Every test cell should pass, no cell should depend on one you ran
+earlier and then deleted, and no cell should take more than {DEFAULT_CELL_TIMEOUT} seconds: the grader stops a
+cell there.
+
 ## Your package
 
 `src/minigpt/` is your own GPT: the `#| export` cells of your notebooks, one module per chapter. It starts as
@@ -274,8 +279,9 @@ minigpt-export notebooks src/minigpt        # or: make package
 ```
 
 Later chapters import the earlier ones (chapter 4 does `from minigpt.attention import ...`), so they run
-your code. When chapters 2 to 5 work, `minigpt-generate "To be, or not to be"` streams text from the
-course's small Shakespeare model, computed by your own code.
+your code. When chapters 2 to 5 work, `minigpt-generate $'JULIET.\\nO Romeo, Romeo,' --temperature 0` streams
+text from the course's small Shakespeare model, computed by your own code (greedy: chapter 5's loop); once chapter
+6 works, leave out `--temperature 0` and it samples (`minigpt-generate --help` lists the settings).
 
 ## Handing in
 

@@ -25,6 +25,7 @@ from autograder.helpers.generation import NotAModule, Scripted, drain
 from minigpt import generation
 from minigpt.generation import (TextStream, end_of_text_id, find_stop, generate, greedy, held_back, last_logits,
                                 token_stream)
+from minigpt.samplers import Sampler
 from minigpt.tokens import gpt2_tokenizer
 from minigpt.transformer import GPT, GPTConfig
 
@@ -410,12 +411,13 @@ CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # a small model: threads would
 
 
 def test_cli_streams_the_shipped_model(shipped, enc):
+    """Greedy (--temperature 0): the text of generate, arriving while the command still writes."""
     model, _ = shipped
-    proc = subprocess.Popen([CLI, "ROMEO:", "--max-new-tokens", "80"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=CLI_ENV)
-    # Streaming: generated text arrives while the command is still writing.
+    prompt = "Romeo.\n"
+    proc = subprocess.Popen([CLI, prompt, "--max-new-tokens", "80", "--temperature", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=CLI_ENV)
     seen = b""
-    while len(seen) <= len("ROMEO:") + 20:
+    while len(seen) <= len(prompt) + 20:
         chunk = os.read(proc.stdout.fileno(), 4096)
         assert chunk, "the command ended before writing 20 characters of text"
         seen += chunk
@@ -424,28 +426,76 @@ def test_cli_streams_the_shipped_model(shipped, enc):
     assert proc.returncode == 0, err.decode()
     assert still_running, "the text came out only when the command ended"
     text = (seen + out).decode()
-    want = generate(model, enc, "ROMEO:", 80)
-    assert text == "ROMEO:" + want.text
-    assert f"finish_reason={want.finish_reason}" in err.decode()
+    want = generate(model, enc, prompt, 80)
+    assert text == prompt + want.text
+    assert f"finish_reason={want.finish_reason}]" in err.decode() and "seed=" not in err.decode()
 
 
-def test_cli_bad_argument_exits_2_with_a_message(shipped):
-    proc = subprocess.run([CLI, "ROMEO:", "--max-new-tokens", "-3"], capture_output=True, text=True, timeout=120,
-                          env=CLI_ENV)
-    assert proc.returncode == 2, proc.stderr
-    assert "max_new_tokens must be a non-negative integer, got -3" in proc.stderr and "Traceback" not in proc.stderr
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of minigpt-generate run in this process."""
+    try:
+        status = generation.main(list(args))
+    except SystemExit as exit_:
+        status = exit_.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_cli_samples_with_chapter_6s_settings(shipped, enc, capsys):
+    """By default it samples (temperature 0.8, top-k 40, top-p 0.95); a seed gives generate's text with the same
+    Sampler, and a run without one prints the seed it drew, which gives the same text again."""
+    model, _ = shipped
+    prompt, stops = "JULIET.\n", ["\n\n"]
+    ids = enc.encode(prompt)
+    settings = dict(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.3, seed=11)
+    status, out, err = run_cli(capsys, prompt, "--max-new-tokens", "40", "--stop", stops[0], "--temperature", "0.7",
+                               "--top-k", "20", "--top-p", "0.9", "--repetition-penalty", "1.3", "--seed", "11")
+    want = generate(model, enc, prompt, 40, stop=stops,
+                    choose=Sampler(do_sample=True, **settings, prompt_len=len(ids)))
+    assert status == 0 and out == prompt + want.text, err
+    assert f"finish_reason={want.finish_reason}, seed=11]" in err
+    assert want.text != generate(model, enc, prompt, 40, stop=stops).text  # not greedy's text
+
+    status, first, err = run_cli(capsys, prompt, "--max-new-tokens", "30")
+    assert status == 0
+    seed = int(err.rsplit("seed=", 1)[1].rstrip("]\n"))
+    assert run_cli(capsys, prompt, "--max-new-tokens", "30", "--seed", str(seed))[1] == first
 
 
 @pytest.mark.parametrize("args, message", [
-    (["ROMEO:", "--max-new-tokens", "many"], "invalid int value: 'many'"),
+    (["Romeo.", "--max-new-tokens", "many"], "invalid int value: 'many'"),
+    (["Romeo.", "--max-new-tokens", "-3"], "max_new_tokens must be a non-negative integer, got -3"),
     (["", "--max-new-tokens", "5"], "the prompt is empty"),
-    (["ROMEO:", "--stop", ""], "stop strings must be non-empty"),
-    (["ROMEO:", "--stop", "\n", "--stop", ""], "stop strings must be non-empty"),
+    (["Romeo.", "--stop", ""], "stop strings must be non-empty"),
+    (["Romeo.", "--stop", "\n", "--stop", ""], "stop strings must be non-empty"),
+    (["Romeo.", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+    (["Romeo.", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+    (["Romeo.", "--model", "no/such/folder"], "--model no/such/folder: not a GPT-2 folder (it has no config.json and "
+                                              "no model.safetensors)"),
 ])
-def test_cli_bad_arguments_in_process(shipped, capsys, args, message):
-    with pytest.raises(SystemExit) as exit_:
-        generation.main(args)
-    assert exit_.value.code == 2 and message in capsys.readouterr().err
+def test_cli_bad_arguments_exit_2_with_a_message(shipped, capsys, args, message):
+    status, _, err = run_cli(capsys, *args)
+    assert status == 2 and message in err and "Traceback" not in err, err
+
+
+def test_cli_a_model_folder_that_does_not_load_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    status, _, err = run_cli(capsys, "Romeo.", "--model", str(tmp_path))
+    assert status == 2 and f"--model {tmp_path}: cannot load it (" in err, err
+
+
+def test_cli_on_a_package_with_exercises_left_says_which(shipped, capsys, monkeypatch):
+    """A learner's package exported before chapter 6 is done: one line that names the function, not a traceback."""
+    learners = {}  # what an exported samplers.py holds before the exercise is done
+    exec(compile("class Sampler:\n    def __call__(self, logits, ids):\n        raise NotImplementedError()\n",
+                 "samplers.py", "exec"), learners)
+    monkeypatch.setattr(Sampler, "__call__", learners["Sampler"].__call__)
+    status, out, err = run_cli(capsys, "Romeo.\n", "--max-new-tokens", "3", "--seed", "1")
+    assert status == 1 and out == "Romeo.\n", err
+    assert err.strip() == ("minigpt-generate: Sampler.__call__ (samplers.py) is not written yet in this package: "
+                           "finish its exercise and export the package again, or use --temperature 0 (greedy)")
+    assert run_cli(capsys, "Romeo.\n", "--max-new-tokens", "3", "--temperature", "0")[0] == 0
 
 
 # ---------------------------------------------------------------- the hidden checks on the reference

@@ -121,6 +121,17 @@ except NotImplementedError:
     assert out.splitlines() == [str(release / "src" / "minigpt" / "__init__.py"), "stub raised NotImplementedError"]
 
 
+def test_minigpt_generate_on_the_fresh_learner_package_names_what_is_not_written(release, tmp_path):
+    """The learner's package as released (stubs): one line that names the first exercise it needs, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(release / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-c", "import sys; from minigpt.generation import main; "
+                           "sys.exit(main(['Romeo.\\n', '--max-new-tokens', '3', '--temperature', '0']))"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.fullmatch(r"\nminigpt-generate: [\w.]+ \(\w+\.py\) is not written yet in this package: finish its "
+                        r"exercise and export the package again\n", proc.stderr), proc.stderr[-3000:]
+
+
 def _environment_beside(venv: Path, python: str = sys.executable, commands: tuple[str, ...] = ("jupyter*",)) -> Path:
     """A fresh prefix whose Python sees this environment's packages and Jupyter's data files, with ``commands`` of its
     own: what a learner's new environment is to `make env`, without installing 1.6 GB again. ``python``: another
