@@ -4,6 +4,8 @@ its slowest tests, and the count of mutants and variants the chapters' tests gra
 are kept by the controller, which gets every worker's reports."""
 import collections
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,13 +23,17 @@ BUDGET_MINUTES = 30
 # ones start first and the short ones fill in at the end: the run ends close to when the two workers' shares do, not
 # with one long file alone on one worker (xdist's own order, by number of tests, left the one-test hub file last).
 LONGEST_FIRST = [
-    "test_site.py", "test_grading_batch.py", "test_hostile_grading.py", "test_grading_tool.py",
+    "test_site.py", "test_hostile_grading.py", "test_grading_tool.py",
     "test_chapter06_grading.py", "test_capstone.py", "test_hub.py", "test_chapter09_grading.py",
     "test_constrained.py", "test_chapter08_grading.py", "test_shipped_model.py", "test_chapter01_grading.py",
     "test_student_release.py", "test_chapter05_grading.py", "test_chapter07_grading.py", "test_benchmarks.py",
     "test_samplers.py", "test_kv_cache.py", "test_generation.py", "test_chapter04_grading.py",
 ]
+# Last: the one minigpt-grade batch of the whole class, which uses both cores by itself and compares its grades with
+# the warm kernels' of the chapters' tests, done by then (tests/submissions/grading.py: share_warm).
+LAST = ["test_grading_batch.py"]
 JUDGED = "judged"  # the user property of a test that graded a mutant or variant (`count_graded`)
+WARM_RESULTS = "MINIGPT_TEST_WARM_RESULTS"  # this run's folder of shared warm-kernel results (share_warm)
 
 # Set before anything imports tiktoken or transformers, so no test can reach for the network.
 os.environ["TIKTOKEN_CACHE_DIR"] = str(ROOT / "src" / "coursekit" / "data" / "tiktoken")
@@ -51,10 +57,25 @@ def pytest_sessionstart(session):
 _broken: list[str] = []  # the rules of the whole run that it broke
 
 
+def pytest_configure(config):
+    """The run's folder for results that one test file leaves for another (made by the controller, which xdist's
+    workers inherit it from; removed at the end)."""
+    if not hasattr(config, "workerinput") and WARM_RESULTS not in os.environ:
+        config.warm_results = os.environ[WARM_RESULTS] = tempfile.mkdtemp(prefix="minigpt-warm-results-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "warm_results", None):
+        shutil.rmtree(config.warm_results, ignore_errors=True)
+        os.environ.pop(WARM_RESULTS, None)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The files of ``LONGEST_FIRST`` first, in its order; each file's tests in their own order."""
+    """The files of ``LONGEST_FIRST`` first, in its order, those of ``LAST`` last; each file's tests in their own
+    order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    rank.update({name: len(LONGEST_FIRST) + 1 + i for i, name in enumerate(LAST)})
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
 
 
 def pytest_runtest_logreport(report):

@@ -51,12 +51,13 @@ def test_a_run_within_its_budget_passes_and_counts_what_it_graded(tmp_path):
 
 
 def test_the_longest_files_are_handed_out_first():
-    """``LONGEST_FIRST`` names test files that exist, and `make test` keeps the collection's order (xdist would
+    """``LONGEST_FIRST`` and ``LAST`` name test files that exist, and `make test` keeps the collection's order (xdist would
     otherwise order files by their number of tests)."""
     import conftest
 
-    assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
-    assert set(conftest.LONGEST_FIRST) <= {p.name for p in TESTS.glob("test_*.py")}
+    named = conftest.LONGEST_FIRST + conftest.LAST
+    assert len(set(named)) == len(named)
+    assert set(named) <= {p.name for p in TESTS.glob("test_*.py")}
     make_test = (TESTS.parent / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
     assert "--dist loadfile --no-loadscope-reorder" in make_test, make_test
 
@@ -64,7 +65,8 @@ def test_the_longest_files_are_handed_out_first():
         def __init__(self, name):
             self.path, self.name = TESTS / name, name
 
-    items = [Item("test_tokens.py"), Item(conftest.LONGEST_FIRST[1]), Item("test_tokens.py"),
+    items = [Item(conftest.LAST[0]), Item("test_tokens.py"), Item(conftest.LONGEST_FIRST[1]), Item("test_tokens.py"),
              Item(conftest.LONGEST_FIRST[0])]
     conftest.pytest_collection_modifyitems(None, None, items)
-    assert [i.name for i in items] == [*conftest.LONGEST_FIRST[:2], "test_tokens.py", "test_tokens.py"]
+    assert [i.name for i in items] == [*conftest.LONGEST_FIRST[:2], "test_tokens.py", "test_tokens.py",
+                                       conftest.LAST[0]]

@@ -10,7 +10,8 @@ sandbox, nbgrader and a new kernel per notebook): one warm learner-side process 
 real judge (``autograder.judge.RunJudge``) through the real wire; the grader's own code then turns the verdicts and the
 cells' errors into the autograded notebook, scores and messages (``executed_outputs``, ``scoring.assemble``,
 ``scoring.cell_scores``). `tests/test_grading_batch.py` grades four submissions of every chapter through the real
-``minigpt-grade`` as well, in one batch, and checks that both ways give the same scores and messages.
+``minigpt-grade`` as well, in one batch, and checks that both ways give the same scores and messages (the chapters'
+tests leave it their results of those four: ``share_warm``).
 
 A chapter's test file states what is its own and takes the rest from here, into its own namespace, so that each
 chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over the workers by file):
@@ -20,6 +21,7 @@ chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -264,6 +266,42 @@ def expect_variant(result: base.Result, variant: Variant) -> None:
     assert result.score == result.max_score and result.lost == [], f"{variant.name}: {summary(result)}"
 
 
+# ---------------------------------------------------------------- results one test file leaves for another
+
+BATCH_STUDENTS = ("reference", "untouched", "mistake", "variant")
+
+
+def batch_cases(ch: ModuleType) -> dict[str, str | Mutant | Variant]:
+    """{student: case} of the chapter's notebooks in `tests/test_grading_batch.py`'s class: the reference, the
+    untouched release, a mistake (the chapter's first that loses points in two cells or more) and its first
+    different correct answer."""
+    mistake = next((m for m in ch.MUTANTS if len(m.lost) >= 2), ch.MUTANTS[0])
+    return dict(zip(BATCH_STUDENTS, ("reference", "untouched", mistake, ch.VARIANTS[0])))
+
+
+def _shared(chapter: str, student: str) -> Path | None:
+    folder = os.environ.get("MINIGPT_TEST_WARM_RESULTS")  # this run's (tests/conftest.py: WARM_RESULTS)
+    return Path(folder) / f"{chapter}.{student}.json" if folder else None
+
+
+def share_warm(chapter: str, student: str, result: base.Result) -> None:
+    """Leave a warm-kernel result of the batch's class for `tests/test_grading_batch.py`, which compares it with
+    minigpt-grade's instead of judging the notebook again (whole, or not at all: written aside, then renamed)."""
+    path = _shared(chapter, student)
+    if path is not None:
+        aside = path.with_suffix(f".{os.getpid()}.tmp")
+        aside.write_text(json.dumps(dataclasses.asdict(result)), encoding="utf-8")
+        aside.replace(path)
+
+
+def shared_warm(chapter: str, student: str) -> base.Result | None:
+    """The result `share_warm` left in this run, if a chapter's tests have judged that notebook already."""
+    path = _shared(chapter, student)
+    if path is None or not path.is_file():
+        return None
+    return base.Result.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
 # ---------------------------------------------------------------- a chapter's tests
 
 
@@ -279,15 +317,20 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
         f"{chapter}: two submissions share a key"
     slow = pytest.mark.slow
 
+    in_batch = {case if isinstance(case, str) else case.key: student for student, case in batch_cases(ch).items()}
+
     @pytest.fixture(scope="module")
     def graded():
-        """graded(case) -> the case's result, graded once in the chapter's warm kernel."""
+        """graded(case) -> the case's result, graded once in the chapter's warm kernel (and left for
+        `tests/test_grading_batch.py` when the batch's class has it: ``share_warm``)."""
         results: dict[str, base.Result] = {}
         with warm_kernel(chapter) as kernel:
             def get(case: str | Mutant | Variant) -> base.Result:
                 key = case if isinstance(case, str) else case.key
                 if key not in results:
                     results[key] = judge_submission(kernel, key, submission(ch, case))
+                    if key in in_batch:
+                        share_warm(chapter, in_batch[key], results[key])
                 return results[key]
             yield get
 
