@@ -71,7 +71,8 @@ def test_makefile_installs_torch_alone_from_the_cpu_index():
     installs = [line for line in plan.splitlines() if " pip install " in line and "--upgrade pip" not in line]
     assert installs == [f".venv/bin/python -m pip install --quiet --no-deps --extra-index-url {CPU_INDEX} -c constraints.txt torch",
                         ".venv/bin/python -m pip install --quiet -c constraints.txt uv",
-                        '.venv/bin/uv pip install --python .venv/bin/python --quiet -c constraints.txt -e ".[dev]"'], installs
+                        ".venv/bin/uv pip install --python .venv/bin/python --quiet --compile-bytecode -c constraints.txt "
+                        '-e ".[dev]"'], installs
 
 
 def _resolve(args: list[str], tmp_path: Path) -> dict[str, str]:
