@@ -32,7 +32,7 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import yaml
 
@@ -84,16 +84,39 @@ def prepare(out: Path) -> None:
         if not (out / MARKER).is_file():
             raise UsageError(f"refusing to write into {out}: it is not empty and was not made by this command "
                              f"(no {MARKER} in it)")
-        for child in out.iterdir():
-            if child.name == ".git":
-                continue  # the release's own history, when the instructor made OUT a repository
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+        _empty(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("Made by the minigpt course's student release command, which rebuilds this folder "
                               "(all but .git) on each run.\n")
+
+
+def _empty(out: Path) -> None:
+    """Remove what this command wrote into OUT: all but ``.git`` (the release's own history, when the instructor
+    made OUT a repository) and the marker that lets the next run write there again."""
+    for child in out.iterdir() if out.is_dir() else ():
+        if child.name in (".git", MARKER):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+THEME_PROVIDERS = ("github", "gitlab", "bitbucket")  # what sphinx-book-theme makes repository buttons for
+
+
+def check_repository_url(url: str) -> None:
+    """The release's repository as the website's theme needs it: an http(s) address of a repository (host, owner,
+    name) on GitHub, GitLab (gitlab.com or a host whose name says gitlab) or Bitbucket."""
+    parsed = urlparse(url)
+    parts = [part for part in parsed.path.split("/") if part]
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or len(parts) < 2:
+        raise UsageError(f"--repository-url {url}: expected the address of a repository, such as "
+                         "https://github.com/ORG/REPO")
+    if not any(provider in parsed.netloc.lower() for provider in THEME_PROVIDERS):
+        raise UsageError(f"--repository-url {url}: the website's theme (sphinx-book-theme) makes its repository and "
+                         "launch buttons for GitHub, GitLab and Bitbucket only; push the release to one of those, or "
+                         "build it with --no-book and publish the course's website another way")
 
 
 def check_course(course_root: Path) -> None:
@@ -366,7 +389,9 @@ def build_website(course_root: Path, out: Path, repository_url: str, branch: str
 def build_failure(log: str, reports: Path) -> str:
     """Sphinx's warnings and, for each page whose code failed, the end of its traceback (in a folder about to go)."""
     lines = [ANSI_ESCAPE.sub("", line) for line in log.splitlines()]
-    shown = [line for line in lines if ": WARNING:" in line or ": ERROR:" in line] or lines[-30:]
+    flagged = [line for line in lines if ": WARNING:" in line or ": ERROR:" in line]
+    # and the end of the log, where an error that stopped Sphinx (an extension's, a theme's) says what it was
+    shown = flagged + [line for line in lines[-30:] if line not in flagged and line.strip()]
     for report in sorted(reports.rglob("*.err.log")):
         tail = [ANSI_ESCAPE.sub("", line) for line in report.read_text(errors="replace").splitlines() if line.strip()]
         shown += [f"{report.relative_to(reports)}:"] + [f"    {line}" for line in tail[-3:]]
@@ -580,7 +605,18 @@ def build(out: Path, course_root: Path = COURSE_ROOT, repository_url: str | None
                          "(where OUT will be pushed), or --book-html PATH or --no-book")
     if book_html and not (Path(book_html) / "index.html").is_file():
         raise UsageError(f"{book_html} is not a built website (no index.html in it)")
+    if repository_url and not (no_book or book_html):
+        check_repository_url(repository_url)
     prepare(out)
+    try:
+        return _write_release(out, course_root, repository_url, branch, book_html, no_book, execution_cache)
+    except BaseException:
+        _empty(out)  # nothing half-built that looks like a release
+        raise
+
+
+def _write_release(out: Path, course_root: Path, repository_url: str | None, branch: str, book_html: Path | None,
+                   no_book: bool, execution_cache: Path | None) -> list[str]:
     copy_notebooks(course_root, out)
     shutil.copytree(course_root / "src" / "coursekit", out / "src" / "coursekit", ignore=COPY_IGNORE)
     export.write_package(out / "notebooks", out / "src" / "minigpt")

@@ -308,6 +308,58 @@ def test_a_website_needs_the_release_repository(tmp_path, capsys):
     assert not (tmp_path / "release").exists()
 
 
+@pytest.mark.parametrize("url, message", [
+    ("https://example.org/x", "expected the address of a repository, such as https://github.com/ORG/REPO"),
+    ("github.com/org/repo", "expected the address of a repository"),
+    ("https://codeberg.org/school/minigpt", "makes its repository and launch buttons for GitHub, GitLab and "
+                                            "Bitbucket only; push the release to one of those, or build it with "
+                                            "--no-book"),
+])
+def test_a_repository_the_website_cannot_link_is_refused_before_anything_is_written(tmp_path, capsys, url,
+                                                                                  message):
+    assert sr.main([str(tmp_path / "release"), "--repository-url", url]) == 2
+    err = capsys.readouterr().err
+    assert err == f"student_release: --repository-url {url}: " + err.split(": ", 2)[2] and message in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "release").exists()
+
+
+@pytest.mark.parametrize("url, binder", [
+    ("https://github.com/school/minigpt", "https://mybinder.org/v2/gh/school/minigpt/main"),
+    ("https://gitlab.com/school/minigpt", "https://mybinder.org/v2/gl/school%2Fminigpt/main"),
+    ("https://gitlab.school.edu/teach/minigpt",
+     "https://mybinder.org/v2/git/https%3A%2F%2Fgitlab.school.edu%2Fteach%2Fminigpt/main"),
+    ("https://bitbucket.org/school/minigpt", "https://mybinder.org/v2/git/https%3A%2F%2Fbitbucket.org%2Fschool%2Fminigpt/main"),
+])
+def test_the_hosts_the_theme_links_are_accepted_and_binder_opens_them(url, binder):
+    """As the theme's own launch buttons open them (tests/test_site.py builds a release for GitHub): BinderHub's
+    GitHub and GitLab providers, any other host as a plain git URL."""
+    sr.check_repository_url(url)
+    assert sr.binder_url(ROOT, url, "main", "notebooks/01-tokens/01-tokens.ipynb").split("?")[0] == binder
+
+
+def test_a_release_whose_website_fails_to_build_leaves_nothing_that_looks_finished(tmp_path, capsys, monkeypatch):
+    def fails(*args, **kwargs):
+        raise sr.UsageError("the website did not build (jupyter-book exit 1):\nExtension error: the theme's")
+
+    monkeypatch.setattr(sr, "build_website", fails)
+    out = tmp_path / "release"
+    assert sr.main([str(out), "--repository-url", URL]) == 2
+    assert "Extension error: the theme's" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == [sr.MARKER]  # and the next run may write there again
+    assert sr.main([str(out), "--no-book"]) == 0
+
+
+def test_a_failed_build_shows_the_end_of_its_log():
+    """Sphinx's warnings, and the last lines, where an error that stopped the build says what it was."""
+    log = "\n".join(["Running Sphinx", "page.md:3: WARNING: a warning", *[f"line {i}" for i in range(40)],
+                     "Extension error (sphinx_book_theme): Provider not recognized in repository url",
+                     "There was an error in building your book. Look above for the cause."])
+    shown = sr.build_failure(log, Path("/nonexistent")).splitlines()
+    assert shown[0] == "page.md:3: WARNING: a warning" and "line 5" not in shown
+    assert shown[-2:] == ["Extension error (sphinx_book_theme): Provider not recognized in repository url",
+                          "There was an error in building your book. Look above for the cause."]
+
+
 def test_a_copied_website_built_for_another_repository_is_reported(tmp_path, capsys):
     course = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     site = stand_in_site(tmp_path / "site", repository_url=course)
