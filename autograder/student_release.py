@@ -302,7 +302,7 @@ minigpt-export notebooks src/minigpt        # or: make package
 ```
 
 Later chapters import the earlier ones (chapter 4 does `from minigpt.attention import ...`), so they run
-your code. When chapters 2 to 5 work, `minigpt-generate $'JULIET.\\nO Romeo, Romeo,' --temperature 0` streams
+your code. When chapters 2 to 5 work, `minigpt-generate $'Juliet.\\nO Romeo, Romeo,' --temperature 0` streams
 text from the course's small Shakespeare model, computed by your own code (greedy: chapter 5's loop); once chapter
 6 works, leave out `--temperature 0` and it samples (`minigpt-generate --help` lists the settings).
 

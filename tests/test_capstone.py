@@ -86,7 +86,7 @@ MUTANTS = {
         "attention", "is the causal mask applied?", ("transformer", "kv-cache")),
     "top-k keeps k + 1": (
         "samplers", "torch.topk(logits, k, dim=-1)", "torch.topk(logits, k + 1, dim=-1)",
-        "samplers", "keeps 41 tokens of row 0; Hugging Face's TopKLogitsWarper keeps 40", ()),
+        "samplers", "keeps 41 tokens of row 0; Hugging Face's TopKLogitsWarper keeps 40", ("constrained decoding",)),
     "the cache appends twice": (
         "kv_cache", "], k], dim=2)\n            v = torch.cat([self.values[layer], v], dim=2)",
         "], k, k], dim=2)\n            v = torch.cat([self.values[layer], v, v], dim=2)",
@@ -94,7 +94,7 @@ MUTANTS = {
     "the window keeps the first tokens": (
         "generation", "window = ids[-model.config.block_size:]", "window = ids[:model.config.block_size]",
         "generation loop", "last_logits(model, 264 ids) differs from Hugging Face's logits after the last 256",
-        ("beam search",)),
+        ("beam search", "constrained decoding")),
 }
 
 
@@ -203,3 +203,33 @@ def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
     assert ("Every piece matches" in text) == (source == "solutions")
     assert ("is not written yet" in text) == (source == "notebooks")
     print(f"{source}/10-capstone ran in {seconds:.1f} s")
+
+
+# Mistakes in the pieces of chapters 8 and 9, checked with only the pieces they need (cheaper than a whole report).
+# (module, the reference's line, the mistake, the piece that must say "differs" (or another status), words its
+#  message must hold)
+LATER_MUTANTS = {
+    "gradients not clipped": (
+        "training", "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)\n", "",
+        "training", "after train_step(model, AdamW, x, y) (step 1) differs from PyTorch's step"),
+    "targets not moved on": (
+        "training", "return ids[positions].long(), ids[positions + 1].long()",
+        "return ids[positions].long(), ids[positions].long()",
+        "training", "targets are not the windows moved one token on"),
+    "the vocabulary as text": (
+        "constrained", "else tokenizer.decode_single_token_bytes(i)", "else tokenizer.decode([i]).encode()",
+        "constrained decoding", "; tiktoken's bytes for that id are "),
+    "no end of text": (  # a whole answer cannot end, and a pattern without a longer answer has nowhere to go
+        "constrained", "[] if eos is None or eos >= size else [eos]", "[]",
+        "constrained decoding", "Constraint.regex(...), 12, use_cache=False) raised ValueError: after 'red and ",
+        capstone.CRASHED),
+}
+
+
+@pytest.mark.parametrize("name", LATER_MUTANTS)
+def test_a_mistake_in_training_or_constrained_decoding_is_named(tmp_path, name):
+    module, old, new, piece, words, *status = LATER_MUTANTS[name]
+    report = capstone.compare(mutant(tmp_path, module, old, new), pieces=[piece])
+    assert report.result(piece).status == (status or [capstone.DIFFERS])[0], report.result(piece)
+    assert words in report.result(piece).message, report.result(piece).message
+    assert all(r.status == capstone.MATCHES for r in report if r.piece != piece), report

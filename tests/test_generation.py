@@ -445,7 +445,7 @@ def test_cli_samples_with_chapter_6s_settings(shipped, enc, capsys):
     """By default it samples (temperature 0.8, top-k 40, top-p 0.95); a seed gives generate's text with the same
     Sampler, and a run without one prints the seed it drew, which gives the same text again."""
     model, _ = shipped
-    prompt, stops = "JULIET.\n", ["\n\n"]
+    prompt, stops = "Juliet.\n", ["\n\n"]
     ids = enc.encode(prompt)
     settings = dict(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.3, seed=11)
     status, out, err = run_cli(capsys, prompt, "--max-new-tokens", "40", "--stop", stops[0], "--temperature", "0.7",

@@ -31,3 +31,26 @@ def test_glue_and_the_build_time_asserts_are_in_hidden_cells(page):
     shown = [(line, statement.strip()[:70]) for line, source in shown_cells(page.read_text())
              for statement in source.splitlines() if re.match(r"(glue\(|assert )", statement)]
     assert not shown, f"{page.name}: move these lines into a cell tagged remove-cell: {shown}"
+
+
+CHAPTERS = [p for p in PAGES if re.match(r"0\d-", p.name)]  # the chapters that build a piece of minigpt
+SKETCH = re.compile(r"^(?:def|class) (\w*(?:_sketch|Sketch)\w*)\b", re.M)
+
+
+def hidden_cells(text: str) -> list[str]:
+    shown = {source for _, source in shown_cells(text)}
+    return [m.group(1) for m in CELL.finditer(text) if m.group(1) not in shown]
+
+
+@pytest.mark.parametrize("page", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_each_chapter_shows_the_code_of_its_idea_checked_against_the_reference(page):
+    """The page shows a short version of what the chapter builds (a `..._sketch`), readable in the text column,
+    and a hidden cell asserts it agrees with the reference package, so the sketch cannot drift from it."""
+    text = page.read_text()
+    sketches = {name: source for _, source in shown_cells(text) for name in SKETCH.findall(source)}
+    assert sketches, f"{page.name}: no cell the reader sees defines a ..._sketch (or ...Sketch class)"
+    for name, source in sketches.items():
+        wide = [line for line in source.splitlines() if len(line) > 88]
+        assert not wide, f"{page.name}: {name}'s cell has lines wider than the column (88): {wide}"
+        checks = [cell for cell in hidden_cells(text) if "assert" in cell and re.search(rf"\b{name}\b", cell)]
+        assert checks, f"{page.name}: no hidden cell asserts that {name} agrees with the reference"

@@ -19,6 +19,7 @@ import functools
 import html
 import importlib
 import importlib.util
+import math
 import shutil
 import sys
 import tempfile
@@ -548,6 +549,176 @@ def check_kv_cache(probe: Probe, o: Oracle) -> str:
            "what the model does without it (past the window too), and kv_cache_bytes is what the cache holds"
 
 
+def check_training(probe: Probe, o: Oracle) -> str:
+    import copy
+
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    training = probe.module("training")
+    window = torch.tensor(o.window)
+    logits, targets = o.run.logits[:, :-1], window[None, 1:]  # (1, T, V): each position and the token after it
+    got = probe.call(training.cross_entropy, logits, targets, label="cross_entropy(logits of a window, its next ids)")
+    close(got, F.cross_entropy(logits.flatten(0, 1), targets.flatten()), "cross_entropy(logits, targets)",
+          "torch.nn.functional.cross_entropy")
+
+    ids = torch.arange(1000)  # id i at position i: a window shows where it was cut
+    call = "get_batch(ids, 8, 16, generator)"
+    x, y = probe.call(training.get_batch, ids, 8, 16, torch.Generator().manual_seed(0), label=call)
+    for name, t in (("windows", x), ("targets", y)):
+        if not isinstance(t, torch.Tensor) or t.shape != (8, 16) or t.dtype != torch.long:
+            differs(f"{call}'s {name} should be a long tensor of shape (8, 16), got "
+                    f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if not (torch.equal(x[:, 1:] - x[:, :-1], torch.ones(8, 15, dtype=torch.long)) and x.min() >= 0
+            and x.max() < len(ids)):
+        differs(f"{call} gives windows that are not runs of consecutive ids of the text (first: {x[0].tolist()})")
+    if not torch.equal(y, x + 1):
+        differs(f"{call}'s targets are not the windows moved one token on (first window starts at {int(x[0, 0])}, "
+                f"its targets at {int(y[0, 0])})")
+
+    schedule = dict(max_lr=6e-4, min_lr=6e-5, warmup_steps=10, max_steps=100)
+    param = torch.nn.Parameter(torch.zeros(1))
+    sgd = torch.optim.SGD([param], lr=schedule["max_lr"])
+    torch_lr = SequentialLR(sgd, [LinearLR(sgd, 1 / 10, 1.0, total_iters=9), CosineAnnealingLR(sgd, 90, 6e-5)], [10])
+    for step in range(101):
+        got = probe.call(training.lr_at, step, **schedule, label=f"lr_at({step}, max_lr=6e-4, min_lr=6e-5, "
+                                                                  "warmup_steps=10, max_steps=100)")
+        want = sgd.param_groups[0]["lr"]
+        if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-6):
+            differs(f"lr_at({step}, ...) is {got!r}; PyTorch's LinearLR then CosineAnnealingLR give {want:.4g}")
+        sgd.step()
+        torch_lr.step()
+
+    config = GPT2Config(vocab_size=o.config.vocab_size, n_positions=16, n_embd=32, n_layer=1, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    with torch.random.fork_rng(devices=[]), quiet_transformers():
+        torch.manual_seed(0)
+        theirs = GPT2LMHeadModel(config)
+    yours = copy.deepcopy(theirs)
+    x, y = window[:32].view(2, 16), window[1:33].view(2, 16)
+    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-3)
+    opt_yours = torch.optim.AdamW(yours.parameters(), lr=1e-3)
+    with torch.enable_grad():
+        for step in (1, 2):
+            loss = F.cross_entropy(theirs(x).logits.flatten(0, 1), y.flatten())
+            opt_theirs.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+            opt_theirs.step()
+            call = f"train_step(model, AdamW, x, y) (step {step})"
+            got = probe.call(training.train_step, TrainableHF(yours), opt_yours, x, y, label=call)
+            if not isinstance(got, float) or not math.isclose(got, loss.item(), rel_tol=1e-4):
+                differs(f"{call} returned {got!r}; the batch's loss before the step is {loss.item():.4f}")
+            for (name, mine), want in zip(yours.named_parameters(), theirs.parameters()):
+                close(mine.detach(), want.detach(), f"the weight {name} after {call}",
+                      "PyTorch's step (cross-entropy, backward, gradients clipped to norm 1, AdamW)")
+    return "cross_entropy equals PyTorch's, get_batch cuts windows with their next tokens, lr_at is PyTorch's " \
+           "warm-up and cosine schedulers, and train_step takes the step PyTorch takes, gradients clipped"
+
+
+class TrainableHF(torch.nn.Module):
+    """A Hugging Face model that train_step can train: ``model(idx)`` gives logits, with gradients."""
+
+    def __init__(self, hf: torch.nn.Module):
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.hf(idx, use_cache=False).logits
+
+
+CONSTRAINED_PATTERN = "(red|green|blue)( and (red|green|blue))?"
+CONSTRAINED_WORDS = [a + b for a in ("red", "green", "blue") for b in ("", " and red", " and green", " and blue")]
+CONSTRAINED_CHOICES = ["ROMEO", "Roméo", "Romeo"]  # é is two bytes: GPT-2 may spell it across two tokens
+CONSTRAINED_PROMPT = "Name three colours: "
+
+
+@functools.cache
+def gpt2_bytes() -> tuple[list[bytes | None], dict[bytes, list[int]]]:
+    """tiktoken's bytes of each GPT-2 id (None for the end-of-text), and the ids of each byte string."""
+    enc = coursekit.gpt2_encoding()
+    vocab = [None if i == enc.eot_token else enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)]
+    ids: dict[bytes, list[int]] = {}
+    for i, piece in enumerate(vocab):
+        if piece is not None:
+            ids.setdefault(piece, []).append(i)
+    return vocab, ids
+
+
+def allowed_by_prefix(written: bytes, words: list[bytes]) -> torch.Tensor:
+    """The oracle's mask: the tokens after which the bytes written are still the start of a word (each token
+    whose bytes begin what is left of a word), and the end of text once they are a whole word."""
+    vocab, ids = gpt2_bytes()
+    allowed = torch.zeros(len(vocab), dtype=torch.bool)
+    for word in words:
+        if word.startswith(written):
+            rest = word[len(written):]
+            for k in range(1, len(rest) + 1):
+                allowed[ids.get(rest[:k], [])] = True
+    allowed[coursekit.gpt2_encoding().eot_token] = written in words
+    return allowed
+
+
+def _constrained_oracle_mask(batch_id: int, ids: torch.Tensor) -> list[int]:
+    """Hugging Face's prefix_allowed_tokens_fn for the check's pattern (module-level: hf_generate caches by it)."""
+    vocab, _ = gpt2_bytes()
+    new = ids[len(coursekit.gpt2_encoding().encode_ordinary(CONSTRAINED_PROMPT)):].tolist()
+    written = b"".join(vocab[i] or b"" for i in new)
+    return allowed_by_prefix(written, [w.encode() for w in CONSTRAINED_WORDS]).nonzero().flatten().tolist()
+
+
+def check_constrained(probe: Probe, o: Oracle) -> str:
+    import re
+
+    constrained, V, eos = probe.module("constrained"), o.config.vocab_size, o.enc.eot_token
+    want_vocab, _ = gpt2_bytes()
+    vocab = probe.call(constrained.vocabulary, o.enc, V, label=f"vocabulary(tiktoken's gpt2, {V})")
+    if not isinstance(vocab, list) or len(vocab) != V:
+        differs(f"vocabulary(...) should be a list of {V} entries, got {type(vocab).__name__} of "
+                f"{len(vocab) if hasattr(vocab, '__len__') else '?'}")
+    bad = next((i for i in range(V) if vocab[i] != want_vocab[i]), None)
+    if bad is not None:
+        differs(f"vocabulary(...)[{bad}] is {vocab[bad]!r}; tiktoken's bytes for that id are {want_vocab[bad]!r}")
+
+    choices = probe.call(constrained.Constraint.choices, CONSTRAINED_CHOICES, o.enc,
+                         label=f"Constraint.choices({CONSTRAINED_CHOICES!r}, tiktoken's gpt2)")
+    rom = o.enc.encode_ordinary("Rom")
+    for ids in ([], rom, rom + [o.enc.encode_single_token(b"\xc3")]):  # the last ends inside the bytes of é
+        written = b"".join(want_vocab[i] for i in ids)
+        got = probe.call(choices.allowed, ids, label=f"Constraint.choices(...).allowed(the ids of {written!r})")
+        _same_mask(got, allowed_by_prefix(written, [w.encode() for w in CONSTRAINED_CHOICES]),
+                   f"Constraint.choices({CONSTRAINED_CHOICES!r}).allowed after {written!r}", o)
+
+    constraint = probe.call(constrained.Constraint.regex, CONSTRAINED_PATTERN, o.enc,
+                            label=f"Constraint.regex({CONSTRAINED_PATTERN!r}, tiktoken's gpt2)")
+    prompt = o.enc.encode_ordinary(CONSTRAINED_PROMPT)
+    want = hf_generate(o, prompt, 12, do_sample=False, prefix_allowed_tokens_fn=_constrained_oracle_mask)
+    text = o.enc.decode([t for t in want if t != eos])
+    if not re.fullmatch(CONSTRAINED_PATTERN, text):  # the oracle itself: its words are the pattern's language
+        raise AssertionError(f"the oracle wrote {text!r}, which {CONSTRAINED_PATTERN!r} does not match")
+    call = f"constrained_generate(model, tokenizer, {CONSTRAINED_PROMPT!r}, Constraint.regex(...), 12, " \
+           "use_cache=False)"
+    out = probe.call(constrained.constrained_generate, HFModel(o.hf), o.enc, prompt, constraint, 12, use_cache=False,
+                     label=call)
+    same_ids(getattr(out, "ids", out), want, call, "Hugging Face's generate, masked by prefix_allowed_tokens_fn", o)
+    return "the vocabulary is tiktoken's bytes, masks allow exactly the tokens that keep the bytes a prefix of an " \
+           "answer (inside a character too), and constrained greedy decoding writes what Hugging Face's generate " \
+           "writes with the same masks"
+
+
+def _same_mask(got, want: torch.Tensor, what: str, o: Oracle) -> None:
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != torch.bool:
+        differs(f"{what} should be a bool tensor of shape {tuple(want.shape)}, got "
+                f"{getattr(got, 'dtype', type(got).__name__)} {tuple(getattr(got, 'shape', ()))}")
+    extra, missing = (got & ~want).nonzero().flatten().tolist(), (want & ~got).nonzero().flatten().tolist()
+    if extra:
+        differs(f"{what}: {len(extra)} token(s) allowed that no answer starts with, such as {extra[0]} "
+                f"({o.piece(extra[0])!r})")
+    if missing:
+        differs(f"{what}: {len(missing)} token(s) refused that an answer starts with, such as {missing[0]} "
+                f"({o.piece(missing[0])!r})")
+
+
 @dataclasses.dataclass(frozen=True)
 class Piece:
     name: str
@@ -565,6 +736,9 @@ PIECES = [
     Piece("samplers", "06-samplers", check_samplers),
     Piece("beam search", "06-samplers", check_beam_search, needs=("generation loop",)),  # it calls last_logits
     Piece("kv-cache", "07-kv-cache", check_kv_cache, needs=("transformer",)),
+    Piece("training", "08-training", check_training),
+    # constrained_generate runs the loop of chapter 5 with the Sampler of chapter 6
+    Piece("constrained decoding", "09-constrained", check_constrained, needs=("generation loop", "samplers")),
 ]
 
 

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="minigpt-generate", description=main.__doc__.split(": ", 1)[1],
         epilog="The corpus names each speaker on a line of their own, so a speech starts like this: "
-               "minigpt-generate $'JULIET.\\nO Romeo, Romeo,' --stop $'\\n\\n' --seed 1. Sampling (chapter 6) is the default; "
+               "minigpt-generate $'Juliet.\\nO Romeo, Romeo,' --stop $'\\n\\n' --seed 1. Sampling (chapter 6) is the default; "
                "--temperature 0 takes the likeliest token at each step (chapter 5's greedy).")
     parser.add_argument("prompt", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=100, metavar="N",
