@@ -52,6 +52,7 @@ env: $(STAMP)
 # torch's step stays pip's.
 TORCH_INDEX := https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) tools/check_python.py
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -199,7 +199,9 @@ python -m pip install --no-deps -e .
     shutil.copy2(course_root / "constraints.txt", out / "constraints.txt")
 
 
-def write_tooling(out: Path) -> None:
+def write_tooling(course_root: Path, out: Path) -> None:
+    (out / "tools").mkdir(exist_ok=True)
+    shutil.copy(course_root / "tools" / "check_python.py", out / "tools" / "check_python.py")
     (out / "Makefile").write_text("""\
 # Your copy of the minigpt course. `make env` once, `make lab` to work, `make package` after each chapter.
 PYTHON ?= python3
@@ -211,6 +213,7 @@ env: .venv/.installed
 # torch first, alone, from PyTorch's CPU index: constraints.txt asks for its CPU build on Linux x86-64 (192 MB),
 # where PyPI's torch is a CUDA build of several GB.
 .venv/.installed: pyproject.toml constraints.txt
+\t@$(PYTHON) tools/check_python.py
 \trm -rf .venv
 \t$(PYTHON) -m venv .venv
 \t.venv/bin/python -m pip install --quiet --upgrade pip
@@ -321,7 +324,7 @@ text from the course's small Shakespeare model, computed by your own code (greed
 | `src/minigpt/` | your package, built from your notebooks |
 | `src/coursekit/` | the course's tools and test helpers, and its offline data: GPT-2's tokenizer files, the Shakespeare corpus, the course's small model |
 {docs_row}| `environment.yml`, `postBuild` | Binder's environment |
-| `pyproject.toml`, `constraints.txt`, `Makefile` | your local environment |
+| `pyproject.toml`, `constraints.txt`, `Makefile`, `tools/` | your local environment (Python 3.11.5 or a later 3.11) |
 
 Licence: `LICENSE` (MIT); the data's own terms are in the README of each folder under `src/coursekit/data/`.
 """, encoding="utf-8")
@@ -622,7 +625,7 @@ def _write_release(out: Path, course_root: Path, repository_url: str | None, bra
     export.write_package(out / "notebooks", out / "src" / "minigpt")
     write_pyproject(course_root, out)
     write_environment(course_root, out)
-    write_tooling(out)
+    write_tooling(course_root, out)
     write_license(course_root, out)
     write_readme(course_root, out, repository_url, branch, website=not no_book)
     if no_book:

@@ -102,3 +102,34 @@ def test_binder_pip_plan_is_exactly_the_tested_versions(tmp_path):
     plan = _resolve(["-r", str(requirements)], tmp_path)
     assert plan == _constraints(binder_environment.BINDER_PLATFORM)
     assert not [name for name in plan if CUDA.match(name)]
+
+
+import check_python  # noqa: E402 (tools/, on the path above)
+
+
+@pytest.mark.parametrize("version, ok", [((3, 11, 7), True), ((3, 11, 5), True), ((3, 11, 2), False),
+                                         ((3, 12, 1), False), ((3, 13, 0), False), ((3, 10, 13), False)])
+def test_make_env_says_in_one_sentence_which_python_it_needs(version, ok):
+    """Debian 12's own 3.11.2 is too old for a pin, and 3.12 and later do not resolve the pins: said before anything
+    is installed, instead of a resolver error minutes later."""
+    message = check_python.problem(version + ("final", 0))
+    if ok:
+        assert message is None
+    else:
+        assert message.startswith("make env needs Python 3.11.5 or a later 3.11")
+        assert f"found {'.'.join(map(str, version))}: run it as make env PYTHON=" in message
+        assert message.count(". ") == 0 and "\n" not in message, "one sentence"
+
+
+def test_the_makefiles_check_the_interpreter_before_they_build(tmp_path):
+    """The course's Makefile and the student release's run the check first (the release ships the script); it
+    passes with the interpreter this suite runs on."""
+    from autograder import student_release
+
+    first = r"^{target}:.*\n\t@\$\(PYTHON\) tools/check_python.py\n\trm -rf {venv}\n"
+    assert re.search(first.format(target=r"\$\(STAMP\)", venv=r"\$\(VENV\)"), (ROOT / "Makefile").read_text(), re.M)
+    student_release.write_tooling(ROOT, tmp_path)
+    assert re.search(first.format(target=r"\.venv/\.installed", venv=r"\.venv"), (tmp_path / "Makefile").read_text(),
+                     re.M)
+    assert (tmp_path / "tools" / "check_python.py").read_bytes() == (ROOT / "tools" / "check_python.py").read_bytes()
+    assert subprocess.run([sys.executable, str(ROOT / "tools" / "check_python.py")]).returncode == 0

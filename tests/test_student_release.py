@@ -257,7 +257,7 @@ LEAKS = {
         lambda r: (r / "docs/feedback.html").write_text("<p>check(&quot;x&quot;) check( 'test_bpe_merge', bpe_merge)</p>"),
         "docs/feedback.html", "calls the hidden test check('test_bpe_merge')"),
     "autograder file": (
-        lambda r: (r / "tools").mkdir() or shutil.copytree(ROOT / "autograder/checks", r / "tools/autograder/checks"),
+        lambda r: (r / "tools").mkdir(exist_ok=True) or shutil.copytree(ROOT / "autograder/checks", r / "tools/autograder/checks"),
         "tools/autograder/checks/tokens.py", "under autograder/"),
     "autograder import": (
         lambda r: (r / "src/coursekit/grading.py").write_text("from autograder.checks import tokens\n"),
