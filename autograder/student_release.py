@@ -206,7 +206,7 @@ def write_tooling(course_root: Path, out: Path) -> None:
 # Your copy of the minigpt course. `make env` once, `make lab` to work, `make package` after each chapter.
 PYTHON ?= python3
 
-.PHONY: env lab package
+.PHONY: env lab package model
 
 env: .venv/.installed
 
@@ -229,8 +229,38 @@ lab: env
 # Your notebooks' `#| export` cells -> your package src/minigpt, which the next chapters import.
 package: env
 \t.venv/bin/minigpt-export notebooks src/minigpt
+
+# A model like the course's, trained by your own chapter 8 code into my-model/ (training/README.md): hours on a CPU.
+model: env
+\t.venv/bin/python training/train_shipped_model.py --out my-model --run my-model-run
 """, encoding="utf-8")
-    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.egg-info/\n.ipynb_checkpoints/\n", encoding="utf-8")
+    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.egg-info/\n.ipynb_checkpoints/\nmy-model/\nmy-model-run/\n",
+                                    encoding="utf-8")
+
+
+TRAINING_README = """\
+# Training a model like the course's
+
+`train_shipped_model.py` is the script that trained the course's small model
+(`src/coursekit/data/models/shakespeare-gpt/`) with chapter 8's functions. In your copy it runs **your** package:
+once chapters 4 and 8 work (`make package`), `make model` trains a model of the same shape with your own
+`minigpt.training` into `my-model/`, and leaves the course's model as it is. The full run takes a few hours on a
+laptop's CPU; a short one shows the loss falling in minutes:
+
+```
+make model                                                    # the full run, into my-model/
+.venv/bin/python training/train_shipped_model.py --steps 300 --out my-model --run my-model-run
+.venv/bin/python training/train_shipped_model.py --help       # every option
+```
+"""
+
+
+def write_training(course_root: Path, out: Path) -> None:
+    """The script that trained the course's model (chapter 8 and the model's README point to it), run by the
+    release's ``make model`` on the learner's own package, into a folder of its own."""
+    (out / "training").mkdir(exist_ok=True)
+    shutil.copy(course_root / "training" / "train_shipped_model.py", out / "training" / "train_shipped_model.py")
+    (out / "training" / "README.md").write_text(TRAINING_README, encoding="utf-8")
 
 
 def write_license(course_root: Path, out: Path) -> None:
@@ -325,6 +355,7 @@ text from the course's small Shakespeare model, computed by your own code (greed
 | `src/coursekit/` | the course's tools and test helpers, and its offline data: GPT-2's tokenizer files, the Shakespeare corpus, the course's small model |
 {docs_row}| `environment.yml`, `postBuild` | Binder's environment |
 | `pyproject.toml`, `constraints.txt`, `Makefile`, `tools/` | your local environment (Python 3.11.5 or a later 3.11) |
+| `training/` | the script that trained the course's model; `make model` runs it on your package |
 
 Licence: `LICENSE` (MIT); the data's own terms are in the README of each folder under `src/coursekit/data/`.
 """, encoding="utf-8")
@@ -626,6 +657,7 @@ def _write_release(out: Path, course_root: Path, repository_url: str | None, bra
     write_pyproject(course_root, out)
     write_environment(course_root, out)
     write_tooling(course_root, out)
+    write_training(course_root, out)
     write_license(course_root, out)
     write_readme(course_root, out, repository_url, branch, website=not no_book)
     if no_book:
