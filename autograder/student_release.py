@@ -22,6 +22,7 @@ import argparse
 import ast
 import hashlib
 import html
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import yaml
+from packaging.requirements import Requirement
 
 from autograder.base import ANSI_ESCAPE, DEFAULT_CELL_TIMEOUT
 from autograder.intake import course_chapters as chapters
@@ -178,15 +180,66 @@ coursekit = ["data/**/*"]
 """, encoding="utf-8")
 
 
+def _binder_environment(course_root: Path):
+    """tools/binder_environment.py: the pins of constraints.txt on Binder's platform, and its index and Python."""
+    spec = importlib.util.spec_from_file_location("_binder_environment", course_root / "tools" / "binder_environment.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def learner_pins(course_root: Path) -> list[str]:
+    """The release's packages (pyproject.toml's, less NOT_FOR_LEARNERS) and everything they need on Binder's Linux,
+    found from the installed packages' own requirements, each pinned as constraints.txt pins it. The course's
+    build and test tools (Sphinx, the book's themes, pytest, selenium, JupyterHub) are not among them."""
+    binder = _binder_environment(course_root)
+    pinned = {_canonical(Requirement(pin).name): pin for pin in binder.pins(course_root / "constraints.txt")}
+    platform = {**binder.BINDER_PLATFORM, "python_version": binder.PYTHON}
+    todo = [Requirement(d) for d in release_dependencies(course_root)]
+    extras: dict[str, set[str]] = {}  # package -> the extras asked of it
+    while todo:
+        req = todo.pop()
+        name = _canonical(req.name)
+        if name in extras and set(req.extras) <= extras[name]:
+            continue
+        extras.setdefault(name, set()).update(req.extras)
+        for line in importlib.metadata.requires(req.name) or []:
+            need = Requirement(line)
+            if need.marker is None or any(need.marker.evaluate({**platform, "extra": extra})
+                                          for extra in extras[name] | {""}):
+                todo.append(need)
+    missing = sorted(set(extras) - set(pinned))
+    if missing:
+        raise UsageError(f"constraints.txt pins no version of {', '.join(missing)}, which the learners' packages "
+                         "need: run make env and pin what it installed")
+    return sorted(pinned[name] for name in extras)
+
+
 def write_environment(course_root: Path, out: Path) -> None:
-    """The course's Binder files, less the packages that are not for learners."""
-    lines = (course_root / "environment.yml").read_text(encoding="utf-8").splitlines()
-    body = [line for line in lines if not line.startswith("#") and not (
-        line.lstrip().startswith("- ") and _requirement_name(line.lstrip()[2:]) in NOT_FOR_LEARNERS)]
-    (out / "environment.yml").write_text(
-        "# The environment Binder (repo2docker) builds for this repository; postBuild then installs the\n"
-        "# course's packages (pyproject.toml), whose dependencies are these.\n" + "\n".join(body) + "\n",
-        encoding="utf-8")
+    """Binder's files for the release: the learners' packages only, pinned (see learner_pins)."""
+    binder = _binder_environment(course_root)
+    body = "\n".join(f"      - {pin}" for pin in learner_pins(course_root))
+    (out / "environment.yml").write_text(f"""\
+# The environment Binder (repo2docker) builds for this repository; postBuild then installs the course's packages
+# (pyproject.toml) without their dependencies, which are these: what the learners' side needs and nothing of the
+# course's own build and test tools, each at the version the course was tested with, torch as its CPU build.
+# repo2docker's own server packages (JupyterHub's single-user server) are left as repo2docker installs them;
+# JupyterLab and Jupyter Server are pinned because nbgrader 0.9.6, whose learner side runs in them, needs them
+# (JupyterLab 4.2 to 4: its extension is built for that).
+name: minigpt
+channels:
+  - conda-forge
+dependencies:
+  - python={binder.PYTHON}
+  - pip
+  - pip:
+      - --extra-index-url {binder.TORCH_CPU_INDEX}
+{body}
+""", encoding="utf-8")
     (out / "postBuild").write_text(f"""\
 #!/usr/bin/env bash
 # Binder runs this after building environment.yml: install the course's packages without touching the pinned

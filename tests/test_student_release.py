@@ -100,14 +100,37 @@ def test_pyproject_and_binder_environment_ask_for_the_same_packages(release):
     assert [d for d in env if isinstance(d, str)] == ["python=3.11", "pip"], "conda gives Python and pip only"
     pip = next(dep["pip"] for dep in env if isinstance(dep, dict))
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip
-    pins = {sr._requirement_name(d): Requirement(d) for d in pip if d[0] != "-"}
-    assert not sr.NOT_FOR_LEARNERS & set(pins)
+    pins = {sr._canonical(Requirement(d).name): Requirement(d) for d in pip if d[0] != "-"}
+    assert [f"{r.name}{r.specifier}" for r in pins.values()] == sr.learner_pins(ROOT)
+    # The learners' side only: none of the course's build and test tools, none of JupyterHub (repo2docker's).
+    course_tools = {"jupyter-book", "jupytext", "sphinx", "myst-nb", "sphinx-book-theme", "pytest", "pytest-xdist",
+                    "hypothesis", "selenium", "jupyterhub"}
+    assert not course_tools & set(pins), course_tools & set(pins)
+    assert "psutil" in pins, "ipython needs it on Linux"
     for name, requirement in wanted.items():  # each dependency at the version the course's tests ran with
         pinned = pins[name].specifier
         assert len(pinned) == 1 and next(iter(pinned)).operator == "==", f"{name} is not pinned: {pinned}"
         version = next(iter(pinned)).version
         assert Requirement(requirement).specifier.contains(version, prereleases=True), (name, version)
     assert str(pins["torch"].specifier) == "==2.13.0+cpu"
+
+
+@pytest.mark.slow
+def test_binder_resolves_the_release_environment_to_exactly_its_pins(release, tmp_path):
+    """pip, as repo2docker runs it on environment.yml, installs exactly the pins: none missing (each package's own
+    requirements are among them), none replaced."""
+    env = yaml.safe_load((release / "environment.yml").read_text())["dependencies"]
+    pip = next(dep["pip"] for dep in env if isinstance(dep, dict))
+    (tmp_path / "requirements.txt").write_text("\n".join(pip) + "\n")
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--retries", "0", "--timeout", "5", "--report", str(report), "-r", "requirements.txt"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = sorted(f"{item['metadata']['name']}=={item['metadata']['version']}"
+                  for item in json.loads(report.read_text())["install"])
+    pinned = sorted(f"{Requirement(d).name}{Requirement(d).specifier}" for d in pip if d[0] != "-")
+    assert [sr._canonical(p) for p in plan] == [sr._canonical(p) for p in pinned]
 
 
 def test_the_learner_package_is_the_learner_notebooks_export(release):
