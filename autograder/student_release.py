@@ -104,21 +104,17 @@ def _empty(out: Path) -> None:
             child.unlink()
 
 
-THEME_PROVIDERS = ("github", "gitlab", "bitbucket")  # what sphinx-book-theme makes repository buttons for
+THEME_PROVIDERS = ("github", "gitlab", "bitbucket")  # the hosts sphinx-book-theme recognises in an address
 
 
 def check_repository_url(url: str) -> None:
-    """The release's repository as the website's theme needs it: an http(s) address of a repository (host, owner,
-    name) on GitHub, GitLab (gitlab.com or a host whose name says gitlab) or Bitbucket."""
+    """The release's repository: an http(s) address of a repository (host, owner, name), on any git host BinderHub
+    can clone (GitHub and GitLab by their own providers, any other, such as Gitea or Forgejo, as a plain git URL)."""
     parsed = urlparse(url)
     parts = [part for part in parsed.path.split("/") if part]
     if parsed.scheme not in ("http", "https") or not parsed.netloc or len(parts) < 2:
         raise UsageError(f"--repository-url {url}: expected the address of a repository, such as "
                          "https://github.com/ORG/REPO")
-    if not any(provider in parsed.netloc.lower() for provider in THEME_PROVIDERS):
-        raise UsageError(f"--repository-url {url}: the website's theme (sphinx-book-theme) makes its repository and "
-                         "launch buttons for GitHub, GitLab and Bitbucket only; push the release to one of those, or "
-                         "build it with --no-book and publish the course's website another way")
 
 
 def check_course(course_root: Path) -> None:
@@ -444,6 +440,12 @@ def release_book_config(course_root: Path, out: Path, repository_url: str, branc
                                   for name, path in (sphinx.get("local_extensions") or {}).items()}
     # The release has neither minigpt-grade nor the chapter pages' sources (see book/_ext/exercise.py).
     sphinx.setdefault("config", {}).update(exercise_check_command="", exercise_launch_buttons_only=True)
+    if not any(provider in urlparse(repository_url).netloc.lower() for provider in THEME_PROVIDERS):
+        # The theme stops at an address it does not recognise unless told a provider. GitHub's pattern gives the
+        # right repository and issues links (owner/name, /issues) on Gitea and Forgejo too; the Binder links come
+        # from book/_ext/exercise.py, which writes a plain git URL for any host but GitHub's and GitLab's.
+        sphinx["recursive_update"] = True  # merge the theme option below into Jupyter Book's own, not replace them
+        sphinx["config"].setdefault("html_theme_options", {})["repository_provider"] = "github"
     # The pages run the same code whatever the repository: reuse the course build's executed notebooks.
     config.setdefault("execute", {})["cache"] = str(execution_cache or course_root / "_build" / ".jupyter_cache")
     if out.resolve().is_relative_to(course_root):

@@ -320,12 +320,14 @@ def test_nothing_is_cut_off_or_wider_than_the_text_column(browse, layout_probe, 
     assert not problems, f"{page}:\n" + "\n".join(problems)
 
 
-def test_the_student_release_website_opens_the_release_on_binder(site, tmp_path):
+@pytest.mark.parametrize("url", ["https://github.com/example-school/minigpt-learners",
+                                 "https://gitea.example-school.org/teach/minigpt-learners"])
+def test_the_student_release_website_opens_the_release_on_binder(site, tmp_path, url):
     """``make student-release``'s whole command: the book built with the release's repository, every Binder link
-    opening a notebook the release has, and a clean scan."""
+    (the exercise boxes', the theme's buttons on notebook pages) opening a notebook the release has, and a clean
+    scan; on GitHub and on a host the theme does not know (its buttons then link the repository GitHub's way)."""
     from autograder import student_release as sr
 
-    url = "https://github.com/example-school/minigpt-learners"
     out = tmp_path / "release"
     # build() raises if a Binder link opens anything else
     assert sr.build(out, ROOT, url, "main") == []
@@ -336,3 +338,5 @@ def test_the_student_release_website_opens_the_release_on_binder(site, tmp_path)
     assert links == {sr.binder_url(ROOT, url, "main", f"notebooks/{ch}/{ch}.ipynb") for ch in chapters}
     box = (out / "docs" / "book" / f"{chapters[0]}.html").read_text()
     assert "minigpt-grade" not in box and "hidden tests grade it" in box
+    notebook = (out / "docs" / "notebooks" / chapters[0] / f"{chapters[0]}.html").read_text()
+    assert f'href="{url}"' in notebook and f'href="{url}/issues' in notebook, "the repository and issues buttons"

@@ -355,9 +355,7 @@ def test_a_website_needs_the_release_repository(tmp_path, capsys):
 @pytest.mark.parametrize("url, message", [
     ("https://example.org/x", "expected the address of a repository, such as https://github.com/ORG/REPO"),
     ("github.com/org/repo", "expected the address of a repository"),
-    ("https://codeberg.org/school/minigpt", "makes its repository and launch buttons for GitHub, GitLab and "
-                                            "Bitbucket only; push the release to one of those, or build it with "
-                                            "--no-book"),
+    ("ssh://git@github.com/org/repo", "expected the address of a repository"),
 ])
 def test_a_repository_the_website_cannot_link_is_refused_before_anything_is_written(tmp_path, capsys, url,
                                                                                   message):
@@ -373,10 +371,13 @@ def test_a_repository_the_website_cannot_link_is_refused_before_anything_is_writ
     ("https://gitlab.school.edu/teach/minigpt",
      "https://mybinder.org/v2/git/https%3A%2F%2Fgitlab.school.edu%2Fteach%2Fminigpt/main"),
     ("https://bitbucket.org/school/minigpt", "https://mybinder.org/v2/git/https%3A%2F%2Fbitbucket.org%2Fschool%2Fminigpt/main"),
+    ("https://codeberg.org/school/minigpt", "https://mybinder.org/v2/git/https%3A%2F%2Fcodeberg.org%2Fschool%2Fminigpt/main"),
+    ("https://git.school.edu/teach/minigpt", "https://mybinder.org/v2/git/https%3A%2F%2Fgit.school.edu%2Fteach%2Fminigpt/main"),
 ])
-def test_the_hosts_the_theme_links_are_accepted_and_binder_opens_them(url, binder):
-    """As the theme's own launch buttons open them (tests/test_site.py builds a release for GitHub): BinderHub's
-    GitHub and GitLab providers, any other host as a plain git URL."""
+def test_any_git_host_is_accepted_and_binder_opens_it(url, binder):
+    """BinderHub's GitHub and GitLab providers for github.com and gitlab.com, any other host (Bitbucket, a GitLab of
+    one's own, Gitea, Forgejo) as a plain git URL escaped whole (tests/test_site.py builds a release for GitHub and
+    for a Gitea host)."""
     sr.check_repository_url(url)
     assert sr.binder_url(ROOT, url, "main", "notebooks/01-tokens/01-tokens.ipynb").split("?")[0] == binder
 

@@ -116,10 +116,18 @@ class ExerciseDirective(SphinxDirective):
 
 
 def keep_launch_buttons_on_exercises(app, pagename, templatename, context, doctree):
-    """Drop the theme's launch buttons from pages outside ``notebooks/`` (runs after the theme adds them)."""
+    """Drop the theme's launch buttons from pages outside ``notebooks/`` (runs after the theme adds them), and give
+    its Binder button the link of ``binder_url``: for a host other than github.com or gitlab.com the theme escapes
+    the repository's address with its slashes left in, and BinderHub's ``git/`` provider reads the address up to
+    the first slash."""
+    buttons = context.get("header_buttons", [])
     if app.config.exercise_launch_buttons_only and not pagename.startswith("notebooks/"):
-        buttons = context.get("header_buttons", [])
         buttons[:] = [b for b in buttons if b.get("label") != "launch-buttons"]
+    for group in buttons:
+        for button in group.get("buttons", []) if group.get("label") == "launch-buttons" else []:
+            if button.get("text") == "Binder" and "?urlpath=" in button.get("url", ""):
+                path_in_repo = button["url"].split("?urlpath=", 1)[1].split("tree/", 1)[1]
+                button["url"] = binder_url(app.config.html_theme_options, path_in_repo)
 
 
 def setup(app):
