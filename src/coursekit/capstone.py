@@ -845,7 +845,9 @@ class Report(list):
                         f"<td style='text-align:left'>{html.escape(r.message)}</td></tr>")
         head = "".join(f"<th style='text-align:left'>{h}</th>"
                        for h in ["piece", "chapter", "status", "what the check found"])
-        return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+        # min-width: on a phone the table scrolls sideways in its output box instead of squeezing its message
+        # column to a word a line
+        return f"<table style='min-width:34em'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
 _WORST_FIRST = [CRASHED, DIFFERS, NOT_WRITTEN, WAITS, MATCHES]
@@ -944,7 +946,7 @@ class SideBySide:
                          f"departs from Hugging Face at token {agree}")
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
         cell = "<td style='vertical-align:top;text-align:left;font-family:monospace;font-size:85%;width:33%'>"
-        return (f"<table style='width:100%'><tr>{''.join(f'<th>{html.escape(c.name)}</th>' for c in self.columns)}</tr>"
+        return (f"<table style='width:100%;min-width:34em'><tr>{''.join(f'<th>{html.escape(c.name)}</th>' for c in self.columns)}</tr>"
                 f"<tr>{''.join(cell + c + '</td>' for c in cells)}</tr>"
                 f"<tr>{''.join(f'<td><em>{n}</em></td>' for n in notes)}</tr></table>"
                 f"<p style='font-size:85%'>seed {self.seed}, {settings}; tokens on red depart from Hugging Face's.</p>")
