@@ -40,15 +40,6 @@ def reference_as_learner(tmp_path_factory):
     return capstone.import_package(exported(tmp_path_factory.mktemp("reference")))
 
 
-def test_the_reference_as_a_learner_matches_every_piece(reference_as_learner):
-    report = capstone.compare(reference_as_learner)
-    assert [r.piece for r in report] == ALL
-    assert report.status == {piece: capstone.MATCHES for piece in ALL}, "\n".join(r.message for r in report)
-    assert "Every piece matches" in report.next_steps()
-    html = report._repr_html_()
-    assert all(piece in html for piece in ALL) and html.count("✓") == len(ALL)
-
-
 def test_side_by_side_agrees_token_for_token_with_hugging_face(reference_as_learner):
     shown = capstone.generate_side_by_side(reference_as_learner, max_new_tokens=24, seed=3)
     yours, reference, hf = shown.columns
@@ -186,7 +177,8 @@ def test_the_installed_reference_is_recognised(monkeypatch, tmp_path, reference_
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["solutions", "notebooks"])
 def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
-    """In solutions/ it builds the reference (every piece matches); in notebooks/, the stubs a learner starts from."""
+    """In solutions/ it builds the reference as a learner's package: every piece matches (the report's row of each,
+    ticked); in notebooks/, the stubs a learner starts from."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -202,6 +194,12 @@ def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
     text = json.dumps([o.get("text", "") or o.get("data", {}) for o in outputs])
     assert ("Every piece matches" in text) == (source == "solutions")
     assert ("is not written yet" in text) == (source == "notebooks")
+    # the report as the notebook shows it: a row per piece, in order, a tick on each for the reference
+    report = next(cell for cell in nb.cells if cell.source.startswith("report = capstone.compare("))
+    html = "".join(o.data["text/html"] for o in report.outputs if "text/html" in o.get("data", {}))
+    where = [html.find(f">{piece}<") for piece in ALL]
+    assert -1 not in where and where == sorted(where), f"the report does not name every piece in order: {where}"
+    assert (html.count("✓") == len(ALL)) == (source == "solutions"), html
     print(f"{source}/10-capstone ran in {seconds:.1f} s")
 
 

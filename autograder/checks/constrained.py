@@ -239,7 +239,8 @@ def _choice_answer(written: bytes, choices: tuple, vocab: tuple, eos: frozenset)
 
 
 def _choice_mistakes(written, choices, vocab, eos):
-    tokens = {i for i, p in enumerate(vocab) if p and any(c.startswith(written + p) for c in choices)}
+    """Each mistake's hint, with what a mask that makes it returns (each set computed only when a wrong answer asks
+    for it: every one goes over the whole vocabulary)."""
     return [
         ("you checked the token alone; it is allowed when some choice starts with written + token (what was "
          "written so far, then the token)",
@@ -249,7 +250,8 @@ def _choice_mistakes(written, choices, vocab, eos):
          lambda: _choice_oracle(written, choices, vocab, eos)
          | {i for i, p in enumerate(vocab) if p == b"" and any(c.startswith(written) for c in choices)}),
         ("end-of-text is allowed only when written is a whole choice, not whenever it starts one",
-         lambda: tokens | (set(eos) if any(c.startswith(written) for c in choices) else set())),
+         lambda: _choice_oracle(written, choices, vocab, ())
+         | (set(eos) if any(c.startswith(written) for c in choices) else set())),
         ("you allowed tokens that go past the end of a choice: a choice must START with written + token",
          lambda: {i for i, p in enumerate(vocab) if p and any(c.startswith(written + p) or (written + p).startswith(c)
                                                               for c in choices)}
