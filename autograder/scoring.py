@@ -94,9 +94,11 @@ def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, scores: dict
            receipt: dict[str, bytes] | None = None) -> None:
     """Put one run's scores (``cell_scores``: the judge's) into the workspace's gradebook through nbgrader's own
     SaveAutoGrades, and its notebooks where nbgrader keeps them (submitted/, with its exchange receipt;
-    autograded/)."""
+    autograded/). The submission's time in the gradebook is its receipt's, as nbgrader's autograde records it: the
+    formgrader lists a submission whose two times differ as "needs autograding", with no score."""
     from nbgrader.api import Gradebook
     from nbgrader.preprocessors import LimitOutput
+    from nbgrader.utils import parse_utc
 
     dest = submitted_path(ws.root, s.student, s.chapter)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +111,8 @@ def record(ws: Workspace, s: Submission, nb: nbformat.NotebookNode, scores: dict
         # nbgrader's own autograde makes the same calls; SQLAlchemy warns about its session handling there too
         warnings.filterwarnings("ignore", message=".*not in session.*")
         gb.update_or_create_student(s.student)
-        gb.update_or_create_submission(s.chapter, s.student)
+        when = (receipt or {}).get("timestamp.txt", b"").decode("ascii", "replace").strip()
+        gb.update_or_create_submission(s.chapter, s.student, **({"timestamp": parse_utc(when)} if when else {}))
     resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student,
                               "db_url": ws.db_url}}
     nb, resources = LimitOutput().preprocess(nb, resources)

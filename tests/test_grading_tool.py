@@ -753,3 +753,29 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
     pages = {p.name for p in (exchange / "demo" / "feedback").iterdir()}
     assert len(pages) == len(receipts), pages
     assert f"{notebook_hash(secret=good.decode(), notebook_id=CHAPTER)}.html" in pages
+
+    # and the formgrader (nbgrader's API behind its pages) counts every submission graded, at its receipt's time:
+    # a gradebook time that is not the receipt's shows as "needs autograding", with no score
+    proc = subprocess.run([sys.executable, "-c", FORMGRADER_VIEW, CHAPTER], cwd=workdir, env=workspace.nbgrader_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    view = json.loads(proc.stdout)
+    assert set(view["autograded"]) == set(receipts), view
+    assert {s: (v["score"], v["max_score"], v["autograded"]) for s, v in view["submissions"].items()} == \
+        {s: (3.0, 3.0, True) for s in receipts}, view
+    assert view["submissions"]["good"]["timestamp"].startswith("2026-11-20T10:00:00"), view["submissions"]["good"]
+
+
+FORMGRADER_VIEW = """\
+import json, sys
+from nbgrader.apps import NbGrader
+from nbgrader.apps.api import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+
+app = NbGrader()
+app.load_config_file()  # the workspace's nbgrader_config.py, as the formgrader opened there reads it
+api = NbGraderAPI(CourseDirectory(config=app.config), config=app.config)
+chapter = sys.argv[1]
+print(json.dumps({"autograded": sorted(api.get_autograded_students(chapter)),
+                  "submissions": {s["student"]: s for s in api.get_submissions(chapter)}}, default=str))
+"""

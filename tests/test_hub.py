@@ -422,6 +422,29 @@ class Learner:
         return self.element("body", "the feedback page", text="Score").text
 
 
+    def formgrader(self, course: Path) -> tuple[dict[str, str], str]:
+        """The instructor's view of the grades: nbgrader's formgrader, opened in a browser tab of its own on the
+        gradebook of ``course``'s ``.grading/`` (the instructor's ``~/.jupyter/nbgrader_config.py`` names it). Inside
+        JupyterLab, the Formgrader item of the Nbgrader menu shows it in a frame, which JupyterHub >= 4.1 forbids on
+        a user's server (``frame-ancestors 'none'``: the tab stays blank, nbgrader #1870). {student: score} on the
+        chapter's submissions page, and the Content-Security-Policy that the instructor's server sends."""
+        self.log_in()
+        url = f"{self.hub.url}/user/{self.name}/formgrader/manage_submissions/{CHAPTER}"
+        self.driver.get(url)
+        self.wait(lambda d: len(self.js("return document.querySelectorAll('tr .student-id')")) >= 2
+                  and "/" in self.js("return document.querySelector('tr .score')?.textContent || ''"),
+                  "the formgrader's table of the submissions of 01-tokens")
+        scores = self.js("""return Object.fromEntries([...document.querySelectorAll('tr')]
+            .filter(tr => tr.querySelector('.student-id'))
+            .map(tr => [tr.querySelector('.student-id').textContent.trim(),
+                        tr.querySelector('.score').textContent.trim()]))""")
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        self.driver.save_screenshot(str(SCREENSHOT.with_name("hub-formgrader.png")))
+        cookies = "; ".join(f"{c['name']}={c['value']}" for c in self.driver.get_cookies())  # this login's
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Cookie": cookies}), timeout=WAIT) as page:
+            return scores, page.headers.get("Content-Security-Policy", "")
+
+
 # ---------------------------------------------------------------------------------------------------
 # The test
 
@@ -459,7 +482,7 @@ def test_learners_submit_through_the_hub_and_fetch_feedback_without_hidden_tests
     base.chmod(0o755)  # every account reaches the exchange, the environments and its home through it
     hub = Hub(base)
     learners: dict[str, Learner] = {}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
     try:
         python = shared_python()
         release = pool.submit(student_release, base)
@@ -502,10 +525,24 @@ def test_learners_submit_through_the_hub_and_fetch_feedback_without_hidden_tests
         assert all(want in lost[cell] for cell, want in MISTAKE.lost.items()), lost
         as_user(TEACHER, ["nbgrader", "release_feedback", CHAPTER], course / ".grading", hub.nbgrader_env(), course_env)
 
-        # Each learner fetches the feedback: their score and the checks' messages, not the hidden tests.
+        # Each learner fetches the feedback: their score and the checks' messages, not the hidden tests; meanwhile
+        # the instructor reads the class's scores in the formgrader, in a tab of its own (Learner.formgrader).
+        instructor_config = Path(pwd.getpwnam(TEACHER).pw_dir) / ".jupyter" / "nbgrader_config.py"
+        instructor_config.parent.mkdir()
+        instructor_config.write_text(f"c = get_config()\nc.CourseDirectory.root = {str(course / '.grading')!r}\n")
+        run(["chown", "-R", f"{TEACHER}:{TEACHER}", str(instructor_config.parent)])
+        learners[TEACHER] = Learner(hub, TEACHER, base / "browser-teacher")
+        formgrader = pool.submit(learners[TEACHER].formgrader, course)
         hidden = {line.strip() for part in hidden_tests(CHAPTER).values() for line in part.splitlines()} - {""}
-        pages = dict(zip(learners, pool.map(Learner.fetch_feedback, learners.values())))
+        pages = dict(zip((RIGHT, WRONG), pool.map(Learner.fetch_feedback, (learners[RIGHT], learners[WRONG]))))
         lap("both learners read their feedback")
+        scores, policy = formgrader.result()
+        lap("the instructor read the scores in the formgrader")
+        shown = {name: f"{round(float(graded[name]['score']), 2):g} / {round(float(graded[name]['max_score']), 2):g}"
+                 for name in (RIGHT, WRONG)}  # as the formgrader writes them: roundToPrecision(score, 2)
+        assert scores == shown, scores
+        # why the menu's framed formgrader is blank, and stays so: the header is kept, not relaxed
+        assert "frame-ancestors 'none'" in policy, policy
         for name, page in pages.items():
             # as nbgrader's feedback template writes it: `| float | round(2)`
             score = f"Score: {round(float(graded[name]['score']), 2)} / {round(float(graded[name]['max_score']), 2)}"
