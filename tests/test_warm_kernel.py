@@ -74,3 +74,18 @@ def test_a_kernel_that_dies_stops_the_notebook_and_the_next_gets_a_new_one(kerne
     died = kernel.run(notebook("x = 1", "import os\nos._exit(3)", "y = 2"))
     assert "the notebook's kernel died" in died.incident and died.outputs[2] == ([], None)
     assert errors(kernel.run(notebook("x = 1"))) == {}
+
+
+def test_the_visible_catch_tool_tells_a_visible_failure_from_none(kernel):
+    """tools/visible_catch.py (issue 28's measure): the learner's notebook as released, with the reference's answers,
+    raises in no test cell; with a mask that leaves out the diagonal, the visible test of causal_mask raises."""
+    import importlib.util
+
+    from submissions import ROOT, ch03_attention as ch
+
+    spec = importlib.util.spec_from_file_location("visible_catch", ROOT / "tools" / "visible_catch.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    mutant = next(m for m in ch.MUTANTS if m.key == "mask-off-by-one")
+    assert tool.test_cells_that_raise(kernel, grading.submission(ch, "reference")) == []
+    assert "test_causal_mask" in tool.test_cells_that_raise(kernel, grading.submission(ch, mutant))
