@@ -21,6 +21,7 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -228,16 +229,21 @@ class Hub:
                 self.process.wait()
 
 
-def shared_python() -> str:
-    """An interpreter of this Python version that every account may run: this one, unless it lives where other
-    users cannot reach it (pyenv in root's home), then the system's."""
-    for candidate in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
-        real = Path(os.path.realpath(candidate))
-        if real.is_file() and all(p.stat().st_mode & 0o001 for p in (real, *real.parents)):
-            return candidate
-    pytest.fail(f"no Python {sys.version_info.major}.{sys.version_info.minor} that other users may run: "
-                f"{os.path.realpath(sys.executable)} is out of their reach, and there is no /usr/bin/python"
-                f"{sys.version_info.major}.{sys.version_info.minor}", pytrace=False)
+def shared_python(opened: list[tuple[Path, int]]) -> str:
+    """This interpreter (`make env` checked it: 3.11.5 or later), runnable by every account: the folders above it that
+    other users cannot pass (pyenv in root's home) get the search bit for others, no more, until the test gives them
+    back their modes (``opened``). A real hub installs its Python where every account reaches it; Debian 12's own
+    python3.11 is 3.11.2, which `make env` refuses, and on which nbconvert's HTML export fails with the pinned
+    soupsieve (the formgrader's view of a notebook: a server error)."""
+    real = Path(os.path.realpath(sys.executable))
+    if not real.stat().st_mode & 0o001:
+        pytest.fail(f"{real} may not be run by other users", pytrace=False)
+    for folder in reversed(real.parents):
+        mode = stat.S_IMODE(folder.stat().st_mode)
+        if not mode & 0o001:
+            opened.append((folder, mode))
+            folder.chmod(mode | 0o001)
+    return sys.executable
 
 
 def course_environment(base: Path, python: str) -> Path:
@@ -422,15 +428,19 @@ class Learner:
         return self.element("body", "the feedback page", text="Score").text
 
 
-    def formgrader(self, course: Path) -> tuple[dict[str, str], str]:
+    def formgrader(self, student: str) -> dict:
         """The instructor's view of the grades: nbgrader's formgrader, opened in a browser tab of its own on the
-        gradebook of ``course``'s ``.grading/`` (the instructor's ``~/.jupyter/nbgrader_config.py`` names it). Inside
-        JupyterLab, the Formgrader item of the Nbgrader menu shows it in a frame, which JupyterHub >= 4.1 forbids on
-        a user's server (``frame-ancestors 'none'``: the tab stays blank, nbgrader #1870). {student: score} on the
-        chapter's submissions page, and the Content-Security-Policy that the instructor's server sends."""
+        gradebook of the course's ``.grading/`` (the instructor's ``~/.jupyter/nbgrader_config.py`` names it).
+        Inside JupyterLab, the Formgrader item of the Nbgrader menu shows it in a frame, which JupyterHub >= 4.1
+        forbids on a user's server (``frame-ancestors 'none'``: the tab stays blank, nbgrader #1870). What it shows:
+        the assignments, {student: score} on the chapter's submissions page, {test cell: score} in ``student``'s
+        autograded notebook as the formgrader renders it, and the Content-Security-Policy of the instructor's
+        server."""
+        base = f"{self.hub.url}/user/{self.name}/formgrader"
         self.log_in()
-        url = f"{self.hub.url}/user/{self.name}/formgrader/manage_submissions/{CHAPTER}"
-        self.driver.get(url)
+        self.driver.get(f"{base}/manage_assignments")
+        self.element(".name a", "01-tokens among the formgrader's assignments", text=CHAPTER)
+        self.driver.get(f"{base}/manage_submissions/{CHAPTER}")
         self.wait(lambda d: len(self.js("return document.querySelectorAll('tr .student-id')")) >= 2
                   and "/" in self.js("return document.querySelector('tr .score')?.textContent || ''"),
                   "the formgrader's table of the submissions of 01-tokens")
@@ -440,9 +450,20 @@ class Learner:
                         tr.querySelector('.score').textContent.trim()]))""")
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         self.driver.save_screenshot(str(SCREENSHOT.with_name("hub-formgrader.png")))
+        # the learner's autograded notebook, from their page of the chapter
+        self.driver.get(f"{base}/manage_students/{student}/{CHAPTER}")
+        self.click(".name a", f"the link to {student}'s notebook", text=CHAPTER)
+        self.element("#notebook", f"{student}'s autograded notebook in the formgrader", text="def bpe_merge")
+        # each test cell's score box: the autograder's score as its placeholder (its value is a manual score)
+        self.wait(lambda d: self.js("const boxes = [...document.querySelectorAll('input.score')];"
+                                    "return boxes.length > 0 && boxes.every(i => i.placeholder !== '')"),
+                  "the scores of the notebook's test cells")
+        cells = self.js("return Object.fromEntries([...document.querySelectorAll('input.score')]"
+                        ".map(i => [i.id, i.placeholder]))")
         cookies = "; ".join(f"{c['name']}={c['value']}" for c in self.driver.get_cookies())  # this login's
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Cookie": cookies}), timeout=WAIT) as page:
-            return scores, page.headers.get("Content-Security-Policy", "")
+        with urllib.request.urlopen(urllib.request.Request(base, headers={"Cookie": cookies}), timeout=WAIT) as page:
+            policy = page.headers.get("Content-Security-Policy", "")
+        return {"scores": scores, "cells": cells, "policy": policy}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -483,8 +504,9 @@ def test_learners_submit_through_the_hub_and_fetch_feedback_without_hidden_tests
     hub = Hub(base)
     learners: dict[str, Learner] = {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
+    opened: list[tuple[Path, int]] = []  # folders given the search bit for others (shared_python)
     try:
-        python = shared_python()
+        python = shared_python(opened)
         release = pool.submit(student_release, base)
         course_env = course_environment(base, python)
         hub.set_up(learner_environment(base, python, base / "release"), course_env, base / "release")
@@ -532,17 +554,20 @@ def test_learners_submit_through_the_hub_and_fetch_feedback_without_hidden_tests
         instructor_config.write_text(f"c = get_config()\nc.CourseDirectory.root = {str(course / '.grading')!r}\n")
         run(["chown", "-R", f"{TEACHER}:{TEACHER}", str(instructor_config.parent)])
         learners[TEACHER] = Learner(hub, TEACHER, base / "browser-teacher")
-        formgrader = pool.submit(learners[TEACHER].formgrader, course)
+        formgrader = pool.submit(learners[TEACHER].formgrader, WRONG)
         hidden = {line.strip() for part in hidden_tests(CHAPTER).values() for line in part.splitlines()} - {""}
         pages = dict(zip((RIGHT, WRONG), pool.map(Learner.fetch_feedback, (learners[RIGHT], learners[WRONG]))))
         lap("both learners read their feedback")
-        scores, policy = formgrader.result()
+        seen = formgrader.result()
         lap("the instructor read the scores in the formgrader")
         shown = {name: f"{round(float(graded[name]['score']), 2):g} / {round(float(graded[name]['max_score']), 2):g}"
                  for name in (RIGHT, WRONG)}  # as the formgrader writes them: roundToPrecision(score, 2)
-        assert scores == shown, scores
+        assert seen["scores"] == shown, seen["scores"]
+        lost_scores = {lp["grade_id"]: lp["score"] for lp in graded[WRONG]["lost"]}
+        assert set(lost_scores) < set(seen["cells"]), seen["cells"]
+        assert all(abs(float(seen["cells"][cell]) - score) < 0.01 for cell, score in lost_scores.items()), seen["cells"]
         # why the menu's framed formgrader is blank, and stays so: the header is kept, not relaxed
-        assert "frame-ancestors 'none'" in policy, policy
+        assert "frame-ancestors 'none'" in seen["policy"], seen["policy"]
         for name, page in pages.items():
             # as nbgrader's feedback template writes it: `| float | round(2)`
             score = f"Score: {round(float(graded[name]['score']), 2)} / {round(float(graded[name]['max_score']), 2)}"
@@ -565,3 +590,5 @@ def test_learners_submit_through_the_hub_and_fetch_feedback_without_hidden_tests
         hub.stop()
         remove_accounts(mine=True)
         shutil.rmtree(base, ignore_errors=True)
+        for folder, mode in opened:
+            folder.chmod(mode)
