@@ -714,6 +714,13 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
         "huge": {"timestamp.txt": when, "submission_secret.txt": b"a" * 10_000_000},
         "pipe": {"timestamp.txt": when, "submission_secret.txt": None},
         "none": {},
+        # times nbgrader can read that now reach the gradebook (scoring.record): far ahead, far back, an offset
+        "future": {"timestamp.txt": b"9999-12-31 23:59:59.999999 UTC",
+                  "submission_secret.txt": secrets.token_hex(64).encode()},
+        "ancient": {"timestamp.txt": b"0001-01-01 00:00:00 UTC",
+                   "submission_secret.txt": secrets.token_hex(64).encode()},
+        "offset": {"timestamp.txt": b"2026-11-20 10:00:00 +14:00",
+                  "submission_secret.txt": secrets.token_hex(64).encode()},
     }
     for student, files in receipts.items():
         folder = class_dir / student / CHAPTER
@@ -738,7 +745,7 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
         assert "submission_secret.txt: " in note and "fetch_feedback" in note, note
     assert "a symbolic link" in results["linked"]["review"][-1]
     assert "timestamp.txt: not a timestamp" in results["binary"]["review"][-1]
-    assert not results["good"]["review"] and not results["none"]["review"]
+    assert not any(results[s]["review"] for s in ("good", "none", "future", "ancient", "offset"))
     kept = {p.read_bytes() for p in workdir.rglob("submission_secret.txt")}
     assert private.read_bytes() not in kept and good in kept
 
@@ -764,6 +771,10 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
     assert {s: (v["score"], v["max_score"], v["autograded"]) for s, v in view["submissions"].items()} == \
         {s: (3.0, 3.0, True) for s in receipts}, view
     assert view["submissions"]["good"]["timestamp"].startswith("2026-11-20T10:00:00"), view["submissions"]["good"]
+    from nbgrader.utils import parse_utc  # each time as nbgrader itself reads the receipt (its formgrader compares)
+    for student in ("future", "ancient", "offset"):
+        want = parse_utc(receipts[student]["timestamp.txt"].decode()).isoformat()
+        assert view["submissions"][student]["timestamp"] == want, (student, view["submissions"][student])
 
 
 FORMGRADER_VIEW = """\
