@@ -103,10 +103,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 # A 50-submission class of chapter 1 (right, wrong and hostile notebooks) through minigpt-grade: notebooks per minute;
-# then one learner's whole course (every graded chapter): each notebook's time and the batch's.
+# then one learner's whole course (every graded chapter): each notebook's time and the batch's;
+# then a class of 24 graded here and on Dask clusters of 1 and 2 workers: notebooks per minute each way.
 bench-grading: $(STAMP)
 	$(BIN)/python benchmarks/grade_class.py
 	$(BIN)/python benchmarks/grade_class.py --course
+	$(BIN)/python benchmarks/grade_class.py --count 24 --workers 1,2
 
 # Retrain the small model the course ships with chapter 8's code (about 1.5 hours of 2 CPU cores; after a stop,
 # .venv/bin/python training/train_shipped_model.py --resume goes on): see training/README.md.

@@ -50,14 +50,14 @@ from autograder.run import JudgeFailed, fork_server, run_one, skipped_when_grade
 from autograder.scoring import assemble, cell_scores, read_result, record
 from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path
 
-def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, future, data, Gradebook) -> Result:
-    """One notebook's row once its judge process is done: its scores recorded (in this process alone, which
-    writes the gradebook), or an ``error`` row that says what went wrong. Whatever goes wrong here (the judge
-    process, its result, the writing of this notebook's files) costs this notebook alone, and is graded again
-    on the next run."""
+def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, outcome, data, Gradebook) -> Result:
+    """One notebook's row once its judge process is done (``outcome()`` gives its ``RunOutcome``): its scores
+    recorded (in this process alone, which writes the gradebook), or an ``error`` row that says what went wrong.
+    Whatever goes wrong here (the judge process, its result, the writing of this notebook's files) costs this
+    notebook alone, and is graded again on the next run."""
     seconds = None
     try:
-        run = future.result()
+        run = outcome()
         seconds = round(run.seconds, 1)
         if not run.started:
             r = Result(s.student, s.chapter, "error", detail="the notebook's kernel did not start, twice "
@@ -83,16 +83,34 @@ def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, future
 
 def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jobs: int | None = None,
           limits: Limits = Limits(), fresh: bool = False, progress: bool = False, verbose: bool = False,
-          sandboxed: bool = True, checks: list[str] = (), open_chapters: list[str] = ()) -> list[Result]:
+          sandboxed: bool = True, checks: list[str] = (), open_chapters: list[str] = (),
+          scheduler: str | None = None) -> list[Result]:
     """Grade every submission (reusing results recorded for the same notebook, chapter and grader), and return
     a result per submission, in order. ``sandboxed=False`` runs the notebooks without a sandbox (the learner's
     code then runs with the grader's rights: every row says so). ``checks``: modules of checks of the course's own,
-    imported by each notebook's judge. ``open_chapters``: chapters still open (see ``withheld_because``)."""
-    from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
-
-    if sandboxed and (why := sandbox.missing()):
+    imported by each notebook's judge. ``open_chapters``: chapters still open (see ``withheld_because``).
+    ``scheduler``: a Dask scheduler's address, whose workers run and judge the notebooks (``autograder.cluster``);
+    by default they run here, ``jobs`` at once."""
+    if scheduler is None and sandboxed and (why := sandbox.missing()):
         raise UsageError(f"cannot grade in a sandbox: {why}. Install it, or grade without isolation with "
                          "--no-sandbox (only for notebooks you trust)")
+    cluster = None
+    if scheduler is not None:  # before anything else: a cluster that cannot grade is a usage error
+        from autograder.cluster import ClusterPool
+
+        cluster = ClusterPool(scheduler, sandboxed)
+    try:
+        return _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, verbose, sandboxed, checks,
+                      open_chapters, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, verbose, sandboxed, checks,
+           open_chapters, cluster) -> list[Result]:
+    from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
+
     for s in submissions:
         check_student(s.student)
         if s.path is not None and s.path.is_relative_to(workdir):
@@ -162,21 +180,13 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
 
     graded: list[Submission] = []
     try:
-        jobs = jobs or default_jobs()
-        if todo:
-            fork_server(sorted({s.chapter for s, *_ in todo}))
-        threads = max(1, default_jobs() // min(jobs, max(1, len(todo))))  # each notebook's share of the cores
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_one, s.chapter, prepared, limits, sandboxed, threads, checks,
-                                   skipped_when_graded(prepared, release[s.chapter])):
-                       (s, digest, data, prepared, notes) for s, digest, data, prepared, notes in todo}
-            for future in concurrent.futures.as_completed(futures):
-                s, digest, data, prepared, notes = futures[future]
-                r = settle(ws, s, prepared, future, data, Gradebook)
-                if r.status == "graded":
-                    graded.append(s)
-                r.review, r.isolation = notes, isolation
-                finish(s, r, digest)
+        for (s, digest, data, prepared, notes), outcome in runs(todo, release, limits, sandboxed, checks, jobs,
+                                                                 cluster):
+            r = settle(ws, s, prepared, outcome, data, Gradebook)
+            if r.status == "graded":
+                graded.append(s)
+            r.review, r.isolation = notes, isolation
+            finish(s, r, digest)
     finally:
         bar.close()
     ordered = [results[s.student, s.chapter] for s in submissions]
@@ -194,6 +204,30 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
         r.feedback = str(fb) if r.status == "graded" and fb.is_file() else None
     write_reports(ws, workspace_results(ws, ordered))
     return ordered
+
+
+def runs(todo: list, release: dict, limits: Limits, sandboxed: bool, checks: list[str], jobs: int | None, cluster):
+    """Run and judge each notebook of ``todo`` (its submission first), here or on a Dask cluster
+    (``cluster``: an ``autograder.cluster.ClusterPool``); yield each item as its run ends, with a function that gives
+    its ``RunOutcome`` (or raises ``JudgeFailed``)."""
+    if not todo:
+        return
+    chapters = sorted({s.chapter for s, *_ in todo})
+    if cluster is not None:
+        for item in todo:
+            s, prepared = item[0], item[3]
+            cluster.submit(item, chapters, s.chapter, nbformat.writes(prepared), dataclasses.asdict(limits),
+                           sandboxed, checks, skipped_when_graded(prepared, release[s.chapter]))
+        yield from cluster.completed()
+        return
+    jobs = jobs or default_jobs()
+    fork_server(chapters)
+    threads = max(1, default_jobs() // min(jobs, len(todo)))  # each notebook's share of the cores
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_one, item[0].chapter, item[3], limits, sandboxed, threads, checks,
+                               skipped_when_graded(item[3], release[item[0].chapter])): item for item in todo}
+        for future in concurrent.futures.as_completed(futures):
+            yield futures[future], future.result
 
 
 def reuse(ws: Workspace, s: Submission, digest: str, isolation: str) -> Result | None:
@@ -242,6 +276,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--open", dest="open_chapters", action="append", default=[], metavar="NN-topic",
                         help="a chapter whose deadline has not passed (repeatable): the feedback of later chapters, "
                              "whose sandboxes hold its reference, is withheld until you grade again without it")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="run and judge the notebooks on the workers of this Dask scheduler (tcp://HOST:PORT) "
+                             "instead of here; this process alone still writes the gradebook, results and pages")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run notebooks without the sandbox (the learner's code runs with your rights: only "
                              "for notebooks you trust; every row says NOT ISOLATED)")
@@ -287,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             warn("--no-sandbox: the notebooks' code runs with your rights, not isolated; grade only notebooks you trust")
         results = grade(submissions, course_root, workdir, jobs=args.jobs, limits=limits, fresh=args.fresh,
                         progress=not args.quiet, verbose=args.verbose, sandboxed=not args.no_sandbox,
-                        checks=args.checks, open_chapters=args.open_chapters)
+                        checks=args.checks, open_chapters=args.open_chapters, scheduler=args.scheduler)
     except UsageError as e:
         warn(str(e))
         return 2
@@ -300,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     reused = sum(r.reused for r in results)
     elapsed = time.monotonic() - start
     print(f"\n{len(ran)} notebooks graded in {elapsed:.0f} s"
-          + (f" ({60 * len(ran) / elapsed:.1f} per minute, {args.jobs} at once)" if ran else "")
+          + (f" ({60 * len(ran) / elapsed:.1f} per minute, "
+             + (f"on the workers of {args.scheduler})" if args.scheduler else f"{args.jobs} at once)") if ran else "")
           + (f"; {reused} unchanged since an earlier run, not graded again" if reused else ""))
     print(f"grade table: {workdir / 'grades.csv'}; feedback: {workdir / 'feedback'}/<student>/index.html")
     if args.csv:

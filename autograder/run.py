@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -25,6 +26,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -132,31 +134,41 @@ def run_one(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, th
     result within twice (a run that never started is run once more) the notebook's time limit and a grace.
     ``checks``: modules of a course's own checks, imported by the judge process. ``skip``: the cells not to run
     (``skipped_when_graded``)."""
+    return _outcome(judged(chapter, nbformat.writes(nb), dataclasses.asdict(limits), sandboxed, threads, checks, skip))
+
+
+def judged(chapter: str, notebook: str, limits: dict, sandboxed: bool, threads: int, checks=(), skip=()) -> bytes:
+    """The judge process's one message (JSON) about ``notebook`` (nbformat's text): what ``run_one`` reads, here or,
+    on a cluster, what a worker sends back (``autograder.cluster``). A judge process that gives none says so in a
+    message of the same shape (``{"failed": why}``)."""
     ctx = fork_server()
     receiver, sender = ctx.Pipe(duplex=False)
     # The fork server started with this process's path and environment of that moment: the judge gets today's.
     grader = {"path": list(sys.path), "environ": dict(os.environ), "checks": list(checks), "skip": list(skip)}
     proc = ctx.Process(target=_judge_process, name=f"judge {chapter}", daemon=True,
-                       args=(sender, chapter, nbformat.writes(nb), dataclasses.asdict(limits), sandboxed, threads,
-                             grader))
+                       args=(sender, chapter, notebook, limits, sandboxed, threads, grader))
     proc.start()
     sender.close()
+    wait = 2 * (limits["timeout"] + GRACE)
     try:
-        if not receiver.poll(2 * (limits.timeout + GRACE)):
-            raise JudgeFailed(f"no result within {2 * (limits.timeout + GRACE):g} s")
+        if not receiver.poll(wait):
+            return _failed(f"no result within {wait:g} s")
         try:
-            data = receiver.recv_bytes(REPLY_MAX)
+            return receiver.recv_bytes(REPLY_MAX)
         except EOFError:
-            raise JudgeFailed(_death(proc)) from None
+            return _failed(_death(proc))
         except OSError as err:
-            raise JudgeFailed(f"a result that could not be read ({err})") from None
+            return _failed(f"a result that could not be read ({err})")
     finally:
         receiver.close()
         proc.join(5)
         if proc.is_alive():
             proc.kill()
             proc.join()
-    return _outcome(data)
+
+
+def _failed(why: str) -> bytes:
+    return json.dumps({"failed": why}).encode("ascii")
 
 
 def _death(proc) -> str:
@@ -198,6 +210,11 @@ def _judge_process(sender, chapter: str, notebook: str, limits: dict, sandboxed:
     from autograder.base import Limits
 
     try:
+        # Die with the fork server, which ends when the process it serves ends: a grader or a cluster worker killed
+        # mid-batch leaves no judge (and so, ``--die-with-parent``, no sandbox) running on.
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            raise JudgeFailed("the process that forked it had already ended")
         sys.path[:] = grader["path"]
         os.environ.clear()
         os.environ.update(grader["environ"])

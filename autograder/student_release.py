@@ -46,8 +46,8 @@ COURSE_ROOT = Path(__file__).resolve().parent.parent
 MARKER = ".minigpt-student-release"
 WEBSITE = "docs"  # GitHub Pages serves a branch's docs/ folder as it is
 # Not for learners: the website's build (the release ships it built, without its sources) and minigpt-grade's
-# process control (the release has no autograder).
-NOT_FOR_LEARNERS = {"jupyter-book", "jupytext", "psutil"}
+# process control and cluster (the release has no autograder).
+NOT_FOR_LEARNERS = {"jupyter-book", "jupytext", "psutil", "distributed"}
 # nbgrader's instructor tools (create assignment, formgrader, course list) hidden from the learners' JupyterLab; the
 # assignment list (fetch, submit) and the Validate button stay. Run in the environment's prefix, on Binder and locally.
 LEARNER_LAB = ("jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:formgrader "

@@ -3,6 +3,10 @@
 `--course` grades instead one learner's whole course: the right answer of every graded chapter, one notebook
 each, and prints each notebook's time next to the wall time of the batch (issue 16's measure).
 
+`--workers 1,2` grades the same class on a Dask cluster (`minigpt-grade --scheduler`) of each number of worker
+processes in turn (a LocalCluster on 127.0.0.1, one notebook at a time per worker), after the local pool, and
+prints notebooks per minute for each, the same class graded afresh each time.
+
 The class is built from the tests' submissions (tests/submissions/): every hostile one (loops, memory bomb,
 dead kernels, cheats, broken files), every realistic mistake, every different-but-correct answer, the
 untouched notebook, and copies of the right answer to make up ``--count``. It is graded by
@@ -98,24 +102,70 @@ def course_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def grade_once(tmp: Path, args: argparse.Namespace, *options: str) -> tuple[int, dict, float]:
+    """Grade tmp/class afresh into a workspace of its own: (exit code, {student: result}, seconds)."""
+    out, workspace = tmp / "results.json", tmp / f"workspace{time.monotonic_ns()}"
+    start = time.monotonic()
+    code = grade.main(["--class", str(tmp / "class"), "--chapter", ch.CHAPTER, "--workdir", str(workspace),
+                       "--jobs", str(args.jobs), "--cell-timeout", str(args.cell_timeout), "--timeout", "300",
+                       "--json", str(out), "--quiet", *options])
+    elapsed = time.monotonic() - start
+    results = {r["student"]: r for r in json.loads(out.read_text())["results"]} if out.is_file() else {}
+    out.unlink(missing_ok=True)
+    return code, results, elapsed
+
+
+def workers_main(args: argparse.Namespace) -> int:
+    import dask
+    from distributed import LocalCluster
+
+    counts = [int(n) for n in args.workers.split(",")]
+    rows, failed = [], False
+    with tempfile.TemporaryDirectory() as tmp:
+        kinds = mixed_class(Path(tmp) / "class", args.count)
+        for workers in [0, *counts]:
+            if workers == 0:
+                code, results, elapsed = grade_once(Path(tmp), args)
+                label = f"here, {args.jobs} at once (no cluster)"
+            else:
+                with dask.config.set({"distributed.worker.daemon": False}), \
+                        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                     dashboard_address=None, host="127.0.0.1") as cluster:
+                    code, results, elapsed = grade_once(Path(tmp), args, "--scheduler", cluster.scheduler_address)
+                label = f"Dask, {workers} worker{'s' * (workers > 1)} of one notebook at a time"
+            failed |= code != 0 or set(results) != set(kinds)
+            statuses: dict[str, int] = {}
+            for r in results.values():
+                statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+            others = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()) if s != "graded") or "none"
+            rows.append((label, len(results), statuses.get("graded", 0), others, elapsed))
+    print(f"\n## grading on a Dask cluster: a class of {len(kinds)} chapter-1 submissions (correct, wrong and "
+          f"hostile in turn), {base.default_jobs()} cores, graded afresh each time\n")
+    print("| where | with a result | graded | not gradable (status) | wall time | per minute |")
+    print("|---|---|---|---|---|---|")
+    for label, n, graded, others, elapsed in rows:
+        print(f"| {label} | {n} | {graded} | {others} | {elapsed:.0f} s | {60 * n / elapsed:.1f} |")
+    if failed:
+        print("\na batch did not give every submission a row", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=50, help="submissions in the class (default 50)")
     parser.add_argument("--jobs", type=int, default=base.default_jobs(), help="notebooks graded at once")
     parser.add_argument("--cell-timeout", type=int, default=30, help="seconds per cell (the loops wait this long)")
     parser.add_argument("--course", action="store_true", help="one learner's whole course instead of a class")
+    parser.add_argument("--workers", metavar="N,N", help="also grade on Dask clusters of these numbers of workers")
     args = parser.parse_args(argv)
     if args.course:
         return course_main(args)
+    if args.workers:
+        return workers_main(args)
     with tempfile.TemporaryDirectory() as tmp:
         kinds = mixed_class(Path(tmp) / "class", args.count)
-        out = Path(tmp) / "results.json"
-        start = time.monotonic()
-        code = grade.main(["--class", str(Path(tmp) / "class"), "--chapter", ch.CHAPTER, "--workdir",
-                           str(Path(tmp) / "workspace"), "--jobs", str(args.jobs), "--cell-timeout",
-                           str(args.cell_timeout), "--timeout", "300", "--json", str(out), "--quiet"])
-        elapsed = time.monotonic() - start
-        results = {r["student"]: r for r in json.loads(out.read_text())["results"]} if out.is_file() else {}
+        code, results, elapsed = grade_once(Path(tmp), args)
     missing = sorted(set(kinds) - set(results))
     by_status: dict[str, int] = {}
     for r in results.values():

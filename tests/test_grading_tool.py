@@ -546,6 +546,32 @@ def test_without_bubblewrap_grading_refuses_unless_asked_not_to_isolate(course, 
     assert code == 2 and "cannot grade in a sandbox: bubblewrap is not installed" in err and "--no-sandbox" in err
 
 
+def test_a_dask_scheduler_that_cannot_grade_is_a_usage_error(course, capsys, monkeypatch):
+    """--scheduler: a scheduler that does not answer, and one whose workers are daemonic (Dask's default, under which
+    a worker may not start the judge processes), are refused before anything is read or graded, with what to do.
+    (The cluster's grading itself: tests/test_hostile_grading.py.)"""
+    import socket
+
+    from distributed import LocalCluster
+
+    from autograder import cluster
+
+    learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", 2)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    code, _, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-dask",
+                             "--scheduler", f"tcp://127.0.0.1:{port}")
+    assert code == 2 and f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in err, err
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as daemonic:
+        code, _, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-dask",
+                                 "--scheduler", daemonic.scheduler_address)
+    assert code == 2 and "Dask workers that cannot grade" in err and "DASK_DISTRIBUTED__WORKER__DAEMON=False" in err
+    assert not (course / "ws-dask").exists()
+
+
 @pytest.mark.slow
 def test_grading_without_the_sandbox_says_so_on_every_row(course, solution_run, tmp_path, capsys):
     learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"

@@ -1,7 +1,13 @@
 """A class batch of chapter 1 with every kind of bad submission (tests/submissions/hostile.py), graded twice by
 `minigpt-grade --class` in sandboxes: each gets a row that says what happened, none stops the batch, no trick
 earns a point its code does not deserve, nothing hidden shows in any feedback, and neither the course, nor the
-grader's workspace, nor any other learner's result or file is changed."""
+grader's workspace, nor any other learner's result or file is changed.
+
+The first run grades on a Dask cluster (`--scheduler`: a real LocalCluster of two worker processes on 127.0.0.1),
+one of whose workers is killed with SIGKILL while it runs a notebook; the second runs here, as `minigpt-grade`
+does by default, and must reuse every result. The expectations below are those the local path has always met
+(the judge's message is the same bytes either way: autograder/cluster.py), so the same outcomes on the cluster
+show the two paths agree, and the kill shows that a worker lost mid-batch loses no notebook."""
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +15,10 @@ import hashlib
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
+import threading
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -51,11 +59,12 @@ def course_files() -> dict[str, str]:
 CELL_TIMEOUT = 20
 
 
-def grade_class(class_dir: Path, workdir: Path) -> tuple[int, dict[str, base.Result], str]:
+def grade_class(class_dir: Path, workdir: Path, *options: str) -> tuple[int, dict[str, base.Result], str]:
     out = workdir.parent / "results.json"
     with contextlib.redirect_stdout(io.StringIO()) as table:
         code = grade.main(["--class", str(class_dir), "--chapter", CHAPTER, "--workdir", str(workdir),
-                           "--cell-timeout", str(CELL_TIMEOUT), "--timeout", "150", "--json", str(out), "--quiet"])
+                           "--cell-timeout", str(CELL_TIMEOUT), "--timeout", "150", "--json", str(out), "--quiet",
+                           *options])
     results = {r["student"]: base.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
     return code, results, table.getvalue()
 
@@ -82,12 +91,62 @@ def batch(tmp_path_factory):
     before = course_files()
     submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students
                  if s not in ("symlink", "linked-chapter")}
-    first = grade_class(class_dir, workdir)
+    with cluster_of_two() as address:
+        killer = WorkerKiller(address)
+        first = grade_class(class_dir, workdir, "--scheduler", address)
+        killer.stop()
     records = {p.parent.name: p.read_bytes() for p in workdir.glob(f"results/*/{CHAPTER}.json")}
     second = grade_class(class_dir, workdir)
     server.close()
     return {"students": students, "first": first, "second": second, "workdir": workdir, "class_dir": class_dir,
-            "course_before": before, "course_after": course_files(), "submitted": submitted, "records": records}
+            "course_before": before, "course_after": course_files(), "submitted": submitted, "records": records,
+            "killed": killer.killed}
+
+
+@contextlib.contextmanager
+def cluster_of_two():
+    """A real Dask cluster on 127.0.0.1: a scheduler and two worker processes of one thread each (the two cores),
+    started as the README says workers must be (not daemonic: they start the judge processes)."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.worker.daemon": False}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                         host="127.0.0.1") as cluster:
+        yield cluster.scheduler_address
+
+
+class WorkerKiller(threading.Thread):
+    """Kills one worker process (SIGKILL) once five notebooks have started and that worker is running one: its
+    nanny starts a new worker, and the scheduler gives the lost notebook to a worker again. ``killed``: the keys
+    of the tasks the worker was running, and its pid."""
+
+    def __init__(self, address: str):
+        super().__init__(daemon=True)
+        from distributed import Client
+
+        self.client = Client(address, set_as_default=False)
+        self.killed: dict = {}
+        self.done = threading.Event()
+        self.start()
+
+    def run(self):
+        seen = set()
+        while not self.done.wait(0.5):
+            running = {w: keys for w, keys in self.client.processing().items() if keys}
+            seen.update(key for keys in running.values() for key in keys)
+            if len(seen) >= 5 and running:  # a few notebooks graded first: the workers' fork servers are warm
+                worker, keys = sorted(running.items())[0]
+                pid = self.client.run(os.getpid, workers=[worker])[worker]
+                os.kill(pid, signal.SIGKILL)
+                self.killed = {"worker": worker, "pid": pid, "keys": [str(k) for k in keys]}
+                return
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        self.client.close()
+
 
 
 def outputs(batch, student: str) -> str:
@@ -111,6 +170,20 @@ def test_every_submission_gets_one_row_and_the_batch_succeeds(batch):
             assert f"\n{student} " in "\n" + table
     rows = (batch["workdir"] / "grades.csv").read_text().splitlines()
     assert len(rows) == 1 + len(batch["students"])
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(batch):
+    """The worker killed while it ran a notebook: that notebook was graded all the same (by a worker again), as
+    every other one, and its process is gone."""
+    import psutil
+
+    killed = batch["killed"]
+    assert killed, "no worker was running a notebook once five had started"
+    assert not psutil.pid_exists(killed["pid"]) or psutil.Process(killed["pid"]).status() == psutil.STATUS_ZOMBIE
+    lost = [key[len("judge-"):-len(f"-{CHAPTER}-0123456789ab")] for key in killed["keys"]]  # autograder.cluster's keys
+    assert lost and set(lost) <= set(batch["students"]), killed
+    results = batch["first"][1]
+    assert [s for s in lost if results[s].status != "graded"] == [], {s: results[s].detail for s in lost}
 
 
 def test_the_second_run_reuses_every_result_and_changes_none(batch):
