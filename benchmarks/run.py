@@ -196,9 +196,9 @@ def _prompt(model, n: int) -> list[int]:
 
 
 def _step_times(model, positions: list[int], repeat: int,
-               without: bool = True) -> list[tuple[int, float, float, float, float, float]]:
+               without: bool = True) -> list[tuple[int, float, float, float, float, float, float]]:
     """(position, seconds of a decode step with the cache, without it, largest logit difference, with chapter 7's
-    optional StaticKVCache, with its FastGPT) at each position: the step that computes the token after ``position`` tokens, the
+    optional StaticKVCache, with its FastGPT, with FastGPT(int8=True)) at each position: the step that computes the token after ``position`` tokens, the
     median of rounds in which the steps take turns. With the cache: one token through forward_with_cache onto a
     cache of ``position`` positions. Without: chapter 5's step, the whole window
     (``without=False``: not measured, nan)."""
@@ -214,8 +214,8 @@ def _step_times(model, positions: list[int], repeat: int,
     static = StaticKVCache(model.config, max(positions) + 1)  # are the cache of any p (causality)
     for layer in range(model.config.n_layer):
         static.append(layer, full.keys[layer], full.values[layer])
-    fast = FastGPT(model)
-    fast.cache = static  # the same cached positions
+    fast, fast8 = FastGPT(model), FastGPT(model, int8=True)
+    fast.cache = fast8.cache = static  # the same cached positions
     rows = []
     for p in positions:
         def step():
@@ -231,13 +231,13 @@ def _step_times(model, positions: list[int], repeat: int,
             static.filled = [p] * model.config.n_layer  # (it writes position p again: the same keys and values)
             return forward_with_cache(model, ids[:, p:p + 1], static)[0, -1]
 
-        def fast_step():
+        def fast_step(fast=fast):
             static.filled = [p] * model.config.n_layer
             with torch.no_grad():
                 return fast.forward(ids[:, p:p + 1])[0, -1]
 
-        contenders = {"cached": lambda: step, "static": lambda: static_step, "fastgpt": lambda: fast_step} | (
-            {"plain": lambda: plain_step} if without else {})
+        contenders = {"cached": lambda: step, "static": lambda: static_step, "fastgpt": lambda: fast_step,
+                      "fastgpt8": lambda: lambda: fast_step(fast8)} | ({"plain": lambda: plain_step} if without else {})
         measured = interleaved(contenders, repeat, STEP_BUDGET_S)
         t_cached, cached = statistics.median(measured["cached"][0]), measured["cached"][1]
         t_plain = float("nan")
@@ -246,7 +246,7 @@ def _step_times(model, positions: list[int], repeat: int,
             t_plain = statistics.median(measured["plain"][0])
             diff = max(diff, (cached - measured["plain"][1]).abs().max().item())
         rows.append((p, t_cached, t_plain, diff, statistics.median(measured["static"][0]),
-                     statistics.median(measured["fastgpt"][0])))
+                     statistics.median(measured["fastgpt"][0]), statistics.median(measured["fastgpt8"][0])))
     return rows
 
 
@@ -299,7 +299,7 @@ def bench_kv_cache(repeat: int, quick: bool = False) -> list[str]:
                  "FastGPT (ms) | without / FastGPT |",
                  "|---:|---:|---:|---:|---:|---:|---:|"]
         rows += [f"| {p} | {c * 1e3:.2f} | {n * 1e3:.2f} | {n / c:.1f}x | {st * 1e3:.2f} | {f * 1e3:.2f} | {n / f:.1f}x |"
-                 for p, c, n, _, st, f in steps]
+                 for p, c, n, _, st, f, _ in steps]
         rows += ["", f"Writing N new tokens after a one-token prompt (window {block}: past it, every step of "
                      "CachedModel prefills the slid window).", "",
                  "| new tokens | with cache (s) | without (s) | speedup | how | identical ids |",
@@ -343,15 +343,18 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
     rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each "
             f"parameter checked), a prompt of 16 tokens (128 on GPT-2 small's shape), batch 1, torch threads: "
             f"{torch.get_num_threads()}. FastGPT (chapter 7): a StaticKVCache as FastCachedModel's, plus the LM head on "
-            f"the last position only, torch's fused kernels and widening weights stored transposed. "
-            f"{repeat} rounds in which the four take turns (interleaved, so that a slower stretch of a shared "
+            f"the last position only, torch's fused kernels and widening weights stored transposed; FastGPT int8: "
+            f"FastGPT(int8=True), its decode steps' products on int8 weights (its ids are compared with float32 "
+            f"FastGPT's, not required equal). {repeat} rounds in which the five take turns (interleaved, so that a slower stretch of a shared "
             f"machine slows all alike; fewer once they took {RUN_BUDGET_S:.0f} s); tokens/s of the median round, "
             f"min-max of the rounds beside it. Without the cache: one run. Before: {load_average()}.", "",
             "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | min-max | "
             "minigpt + FastCachedModel (tok/s) | min-max | minigpt FastGPT (tok/s) | min-max | "
+            "minigpt FastGPT int8 (tok/s) | min-max | "
             "HF generate, use_cache=True (tok/s) | min-max | minigpt's time / HF's (CachedModel, Fast, FastGPT) | "
-            "FastGPT ms/token | identical ids |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "FastGPT ms/token | identical ids | FastGPT int8: HF's time / its time | int8 ms/token | "
+            "int8 ids equal to float32's (of the new tokens) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for name in _model_names(quick):
         model = _model(name)[0]
         n_new = {"tiny": 32, "shipped": 200, "gpt2-small-shape": 64}[name]
@@ -374,20 +377,23 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
             "hf": lambda: hf_run,
             "cached": lambda: lambda: list(token_stream(CachedModel(model), prompt, n_new)),
             "fast": lambda: lambda: list(token_stream(FastCachedModel(model), prompt, n_new)),
-            "fastgpt": lambda: (lambda m: lambda: list(token_stream(m, prompt, n_new)))(FastGPT(model))},
+            "fastgpt": lambda: (lambda m: lambda: list(token_stream(m, prompt, n_new)))(FastGPT(model)),
+            "fastgpt8": lambda: (lambda m: lambda: list(token_stream(m, prompt, n_new)))(FastGPT(model, int8=True))},
             repeat, RUN_BUDGET_S)
         t_plain, plain = best_of(lambda: list(token_stream(model, prompt, n_new)), 1)
-        same = all(ids == plain for _, ids in measured.values())
+        same = all(ids == plain for key, (_, ids) in measured.items() if key != "fastgpt8")
+        int8_same = sum(a == b for a, b in zip(measured["fastgpt8"][1], measured["fastgpt"][1]))
         if not same:
             raise SystemExit(f"generate: {name}: minigpt's greedy ids differ from Hugging Face's")
         speeds = {key: [n_new / t for t in times] for key, (times, _) in measured.items()}
-        cells = [median_spread(speeds[key], 1) for key in ("cached", "fast", "fastgpt", "hf")]
+        cells = [median_spread(speeds[key], 1) for key in ("cached", "fast", "fastgpt", "fastgpt8", "hf")]
         hf_time = statistics.median(measured["hf"][0])
         ratios = ", ".join(f"{statistics.median(measured[key][0]) / hf_time:.2f}x"
                            for key in ("cached", "fast", "fastgpt"))
         per_token = statistics.median(measured["fastgpt"][0]) / n_new * 1e3
+        t8 = statistics.median(measured["fastgpt8"][0])
         rows.append(f"| {_describe(name)} | {n_new} | {n_new / t_plain:.1f} | {' | '.join(cells)} | {ratios} | "
-                    f"{per_token:.2f} | {same} |")
+                    f"{per_token:.2f} | {same} | {hf_time / t8:.2f}x | {t8 / n_new * 1e3:.2f} | {int8_same} |")
     return rows + ["", f"After: {load_average()}."]
 
 
@@ -401,6 +407,18 @@ def _copy_bandwidth(repeat: int, nbytes: int) -> float:
     return 2 * nbytes / t
 
 
+def _weight_bytes(model) -> tuple[int, int]:
+    """Bytes of weights a decode step reads: (float32 FastGPT, FastGPT(int8=True)): every parameter once (the tied
+    token table once, as the LM head), with the linear layers and the head as int8 and their scales for int8."""
+    from minigpt.kv_cache import FastGPT
+
+    params = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
+    fast8 = FastGPT(model, int8=True)
+    linear = [lin.weight for b in model.h for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    as_int8 = sum(q.nbytes + s.nbytes for block in fast8.weights8 for q, s in block) + sum(t.nbytes for t in fast8.head8)
+    return params, params - sum(w.nbytes for w in linear) - model.lm_head.weight.nbytes + as_int8
+
+
 def bench_bandwidth(repeat: int, quick: bool = False) -> list[str]:
     """A decode step reads every weight and the whole cache: its speed as a share of the memory bandwidth."""
     import torch
@@ -411,18 +429,23 @@ def bench_bandwidth(repeat: int, quick: bool = False) -> list[str]:
     bandwidth = _copy_bandwidth(repeat, size)
     rows = [f"Memory bandwidth, measured: {bandwidth / 1e9:.1f} GB/s (torch copy of {size // MiB} MiB, read + "
             f"write, best of {repeat}). Bytes a decode step reads: the parameters (the tied token table once) and "
-            "the KV cache at that position.", "",
+            "the KV cache at that position; with FastGPT(int8=True), the linear layers and the LM head as int8 "
+            f"with their scales. Torch threads: {torch.get_num_threads()}.", "",
             "| model | position | step (ms, median) | bytes read (MiB) | achieved (GB/s) | share of bandwidth | "
-            "FastGPT step (ms) | FastGPT's share |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "FastGPT step (ms) | FastGPT's share | FastGPT int8 step (ms) | int8 bytes read (MiB) | int8's share | "
+            "int8 / float32 FastGPT step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in _model_names(quick):
         model, positions, _ = _model(name)
-        params = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
-        for p, t_cached, _, _, _, t_fast in _step_times(model, [positions[0], positions[-1]], repeat, without=False):
-            read = params + kv_cache_bytes(model.config, p)
+        params, params8 = _weight_bytes(model)
+        for p, t_cached, _, _, _, t_fast, t_fast8 in _step_times(model, [positions[0], positions[-1]], repeat,
+                                                                 without=False):
+            cache = kv_cache_bytes(model.config, p)
+            read, read8 = params + cache, params8 + cache
             rows.append(f"| {_describe(name).split(' (')[0]} | {p} | {t_cached * 1e3:.2f} | {read / MiB:.1f} | "
                         f"{read / t_cached / 1e9:.2f} | {read / t_cached / bandwidth:.0%} | {t_fast * 1e3:.2f} | "
-                        f"{read / t_fast / bandwidth:.0%} |")
+                        f"{read / t_fast / bandwidth:.0%} | {t_fast8 * 1e3:.2f} | {read8 / MiB:.1f} | "
+                        f"{read8 / t_fast8 / bandwidth:.0%} | {t_fast8 / t_fast:.2f} |")
     return rows
 
 

@@ -30,13 +30,17 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     generations = [line for line in text.splitlines() if "measured (token_stream" in line]
     assert len(generations) == 2 and all(line.endswith("| True |") for line in generations)
     hf_row = next(line for line in text.splitlines() if line.startswith("| tiny random GPT") and "| 32 |" in line)
-    assert hf_row.endswith("| True |")  # minigpt's greedy ids, cached and not, equal Hugging Face generate's
+    cells = [c.strip() for c in hf_row.strip("|").split("|")]
+    assert cells[-4] == "True"  # minigpt's greedy ids, cached and not, equal Hugging Face generate's
+    assert 0 <= int(cells[-1]) <= 32 and cells[-3].endswith("x")  # FastGPT int8's: ids as float32's, speed to HF's
     assert "Memory bandwidth, measured:" in text and text.count("| tiny random GPT |") == 2
     # fair comparisons: both sides float32, turns within rounds, the spread and the machine's load printed
     assert "both in float32" in text and "(interleaved" in text and "take turns" in text
-    assert ("| minigpt + FastCachedModel (tok/s) | min-max | minigpt FastGPT (tok/s) | min-max | HF generate" in text
-            and text.count("load average") >= 3)
-    assert hf_row.count("|") == 15  # a cell in each column, FastGPT's ms per token among them
+    assert ("| minigpt + FastCachedModel (tok/s) | min-max | minigpt FastGPT (tok/s) | min-max | "
+            "minigpt FastGPT int8 (tok/s) | min-max | HF generate" in text and text.count("load average") >= 3)
+    assert hf_row.count("|") == 20  # a cell in each column, FastGPT's and its int8's ms per token among them
+    bandwidth = [line for line in text.splitlines() if line.startswith("| tiny random GPT |")]
+    assert all(line.count("|") == 13 for line in bandwidth)  # the int8 step, its bytes and its share too
     assert "Traceback" not in out.stderr
 
 

@@ -11,6 +11,7 @@ equals Hugging Face step by step and generates what CachedModel generates. The h
 fixtures are tested too: they pass on the reference, the learner's side builds their models as the judge does, and
 no greedy step they rely on is a near tie.
 """
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from autograder.helpers.kv_cache import held_bytes
 from minigpt.attention import CausalSelfAttention
 from minigpt.generation import last_logits, token_stream
 from minigpt.kv_cache import (CachedModel, FastCachedModel, FastGPT, KVCache, StaticKVCache, attention_with_cache,
-                              forward_with_cache, kv_cache_bytes)
+                              forward_with_cache, int8_weight, kv_cache_bytes)
 from minigpt.samplers import Sampler, beam_search
 from minigpt.transformer import GPT, GPTConfig
 
@@ -362,6 +363,69 @@ def test_the_shipped_model_with_fast_gpt_equals_hugging_face_generate(shipped):
     model, hf = shipped
     prompt = coursekit.gpt2_encoding().encode("ROMEO:\nBut soft, what light")
     assert list(token_stream(FastGPT(model), prompt, 60)) == hf_greedy(hf, prompt, 60)
+
+
+# ---------------------------------------------------------------- FastGPT(int8=True): a quarter of the bytes a step
+
+
+def test_int8_weight_keeps_every_weight_within_half_a_step_of_its_row():
+    torch.manual_seed(6)
+    w = torch.randn(40, 24) * torch.logspace(-3, 1, 40)[:, None]  # rows of very different sizes
+    w[7] = 0  # a row of zeros
+    q, scales = int8_weight(w)
+    assert (q.dtype, q.shape, scales.dtype, scales.shape) == (torch.int8, (40, 24), torch.bfloat16, (40,))
+    assert torch.isfinite(scales.float()).all() and (q[7] == 0).all()
+    others = [i for i in range(40) if i != 7]
+    assert (q[others].abs().amax(1) >= 126).all(), "a row does not use the int8 range"
+    step = scales.float()[:, None]
+    assert ((w - q.float() * step).abs() <= step / 2 + 1e-6 * w.abs()).all()
+    assert int8_weight(w.double())[0].equal(q) and not w.requires_grad
+
+
+def test_fast_gpt_int8_steps_are_close_to_float32_and_its_prefill_is_float32(pair):
+    hf, model = pair
+    if model.config.n_embd % 16:
+        with pytest.raises(ValueError, match=f"n_embd to be a multiple of 16 .*got {model.config.n_embd}"):
+            FastGPT(model, int8=True)  # torch's kernel gives garbage for such widths: refused
+        return
+    idx = torch.randint(0, model.config.vocab_size, (1, model.config.block_size),
+                        generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = hf(idx).logits[0]
+    every = FastGPT(model, int8=True, last_only=False)  # a prefill of several rows reads the float32 weights
+    torch.testing.assert_close(every(idx[:, :4])[0], want[:4], atol=ATOL, rtol=0)
+    fast = FastGPT(model, int8=True)
+    assert all(q.dtype == torch.int8 for block in fast.weights8 for q, _ in block) and fast.head8[0].dtype == torch.int8
+    fast(idx[:, :4])
+    worst = 0.0
+    for t in range(5, idx.shape[1] + 1):  # one row a step: the int8 copy
+        got = fast(idx[:, :t])[0, -1]
+        assert got.dtype == torch.float32
+        assert torch.isfinite(got).all()
+        worst = max(worst, ((got - want[t - 1]).abs().max() / want[t - 1].abs().max()).item())
+    assert 0 < worst < 0.05, f"int8 steps moved a logit by {worst:.1%} of the largest"  # random weights, wide
+
+
+def test_the_shipped_model_in_int8_loses_under_002_nats_on_held_out_text(shipped):
+    """Teacher-forced through decode steps (the products int8 changes), on 512 tokens of a play it never saw."""
+    model, _ = shipped
+    log = json.loads((coursekit.shipped_model_dir() / "training_log.json").read_text())
+    text = coursekit.corpus_texts()[log["held_out_works"][0]]
+    ids = coursekit.gpt2_encoding().encode_ordinary(text)[:512]
+    T = model.config.block_size
+    losses, top1 = {}, {}
+    for int8 in (False, True):
+        fast, nll, best = FastGPT(model, int8=int8), [], []
+        for start in range(0, len(ids), T):
+            window = ids[start:start + T]
+            for t in range(1, len(window)):
+                logits = fast(torch.tensor([window[:t]]))[0, -1].log_softmax(-1)
+                nll.append(-logits[window[t]].item())
+                best.append(logits.argmax().item())
+        losses[int8], top1[int8] = sum(nll) / len(nll), best
+    assert abs(losses[True] - losses[False]) < 0.02, losses
+    agree = sum(a == b for a, b in zip(top1[True], top1[False])) / len(top1[False])
+    assert agree > 0.95, f"int8 and float32 agree on the most likely next token at {agree:.1%} of positions"
 
 
 # ---------------------------------------------------------------- the course's model

@@ -142,24 +142,52 @@ class FastCachedModel:
         return logits
 
 
+def int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight-only int8 of a linear layer's weight ``w`` (out, in): each row scaled so that its largest |value| maps
+    to 127, then rounded. Returns (int8 weights (out, in), bfloat16 scales (out,)): row i is about
+    scales[i] * weights[i], in a quarter of float32's bytes."""
+    scales = (w.detach().abs().amax(dim=1).float() / 127).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.round(w.detach().float() / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
 class FastGPT:
     """Chapter 4's GPT made fast for writing one sequence (greedy decoding, sampling; not beams): a
     StaticKVCache, the LM head on the last position only, torch's fused kernels, and weights laid out for
-    one-row products. ``last_only``, ``fused`` and ``layout`` switch the last three off, to measure each."""
+    one-row products. ``last_only``, ``fused`` and ``layout`` switch the last three off, to measure each.
+    ``int8=True`` reads fewer bytes where a step reads them: a product of one row (a decode step) reads each
+    weight as int8 with a scale per row (``int8_weight``), multiplied in bfloat16 by torch's int8 kernel; a product
+    of many rows (a prefill) still reads the float32 weights, for which it is faster."""
 
-    def __init__(self, model: torch.nn.Module, *, last_only: bool = True, fused: bool = True, layout: bool = True):
+    def __init__(self, model: torch.nn.Module, *, last_only: bool = True, fused: bool = True, layout: bool = True,
+                 int8: bool = False):
         self.model, self.config = model, model.config
-        self.last_only, self.fused = last_only, fused
+        self.last_only, self.fused, self.int8 = last_only, fused, int8
+        if int8 and model.config.n_embd % 16:  # the kernel gives garbage (or crashes) for other widths
+            raise ValueError(f"int8=True needs n_embd to be a multiple of 16 (torch's int8 kernel reads the inputs "
+                             f"16 at a time), got {model.config.n_embd}")
+        self.dtype = model.lm_head.weight.dtype
 
         def laid_out(linear: torch.nn.Linear) -> torch.Tensor:
             w = linear.weight.detach().t()  # (in, out): x @ w is linear(x) without its bias
             return w.contiguous() if layout and w.shape[1] > w.shape[0] else w  # a copy for a widening layer
 
-        self.weights = [[laid_out(lin) for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
-                        for b in model.h]
+        layers = [(b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in model.h]
+        self.weights = [[laid_out(lin) for lin in block] for block in layers]
         self.head = laid_out(model.lm_head)
-        self.cache = StaticKVCache(self.config, dtype=self.head.dtype)
+        # int8: each weight a second time, as int8 (a quarter of its bytes), for the one-row products
+        self.weights8 = [[int8_weight(lin.weight) for lin in block] for block in layers] if int8 else None
+        self.head8 = int8_weight(model.lm_head.weight) if int8 else None
+        self.cache = StaticKVCache(self.config, dtype=self.dtype)
         self.ids: tuple[int, ...] = ()  # the ids whose keys and values the cache holds
+
+    def product(self, x: torch.Tensor, w: torch.Tensor, w8, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, in) @ w (in, out) + bias: the layer's output; from its int8 copy ``w8`` when there is one and x is
+        one row."""
+        if w8 is not None and x.shape[0] == 1:
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *w8).to(x.dtype)
+            return y if bias is None else y + bias
+        return x @ w if bias is None else torch.addmm(bias, x, w)
 
     def norm(self, ln: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], ln.weight, ln.bias, ln.eps) if self.fused else ln(x)
@@ -170,7 +198,8 @@ class FastGPT:
         T, head_size = idx.shape[1], c.n_embd // c.n_head
         x = m.emb(idx, offset=self.cache.length)[0]  # (T, C): one sequence, so no batch dimension
         for i, (block, (w_attn, w_proj, w_fc, w_out)) in enumerate(zip(m.h, self.weights)):
-            qkv = torch.addmm(block.attn.c_attn.bias, self.norm(block.ln_1, x), w_attn)  # (T, 3C)
+            q_attn, q_proj, q_fc, q_out = self.weights8[i] if self.int8 else (None,) * 4
+            qkv = self.product(self.norm(block.ln_1, x), w_attn, q_attn, block.attn.c_attn.bias)  # (T, 3C)
             q, k, v = qkv.view(T, 3, c.n_head, head_size).permute(1, 2, 0, 3).unsqueeze(1)  # 3 x (1, H, T, D)
             k, v = self.cache.append(i, k, v)
             mask = causal_mask(T, k.shape[2]) if T > 1 else None  # one new position may read every key
@@ -178,13 +207,13 @@ class FastGPT:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             else:
                 y, _ = attention(q, k, v, mask)
-            x = x + torch.addmm(block.attn.c_proj.bias, y[0].transpose(0, 1).reshape(T, c.n_embd), w_proj)
-            h = torch.addmm(block.mlp.c_fc.bias, self.norm(block.ln_2, x), w_fc)  # (T, 4C)
+            x = x + self.product(y[0].transpose(0, 1).reshape(T, c.n_embd), w_proj, q_proj, block.attn.c_proj.bias)
+            h = self.product(self.norm(block.ln_2, x), w_fc, q_fc, block.mlp.c_fc.bias)  # (T, 4C)
             h = F.gelu(h, approximate="tanh") if self.fused else gelu(h)
-            x = x + torch.addmm(block.mlp.c_proj.bias, h, w_out)
+            x = x + self.product(h, w_out, q_out, block.mlp.c_proj.bias)
         if self.last_only:
             x = x[-1:]
-        return (self.norm(m.ln_f, x) @ self.head).unsqueeze(0)
+        return self.product(self.norm(m.ln_f, x), self.head, self.head8).unsqueeze(0)
 
     def __call__(self, idx: torch.Tensor) -> torch.Tensor:
         """Next-token logits for idx (1, T): one new position when the cache holds idx[:, :-1], else a prefill."""
