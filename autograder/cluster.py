@@ -16,7 +16,13 @@ becomes that notebook's ``error`` row, graded again on the next run, like any ru
 
 A worker needs what a local run needs: the course installed (the same environment: ``make env``), bubblewrap, and
 the right to start processes (Dask starts workers as daemonic processes, which may not: start them with
-``DASK_DISTRIBUTED__WORKER__DAEMON=False``). ``check_workers`` says what is missing before anything is graded.
+``DASK_DISTRIBUTED__WORKER__DAEMON=False``). ``worker_state`` says what is missing before anything is graded. A
+host's cores are shared among the notebooks its workers run at once (``threads_per_host``), as ``-j`` shares them
+here.
+
+A scheduler runs any task a client sends it, and the workers hold the checks and their answers: a scheduler the
+learners can reach lets them read or forge grades. It belongs on a network they cannot reach, with TLS and
+certificates (``tls://``); ``secure`` tells a plain ``tcp://`` address beyond this machine, which gets a warning.
 """
 from __future__ import annotations
 
@@ -25,35 +31,54 @@ import os
 import uuid
 
 from autograder import sandbox
-from autograder.base import UsageError, default_jobs
+from autograder.base import UsageError, default_jobs, warn
 from autograder.run import _failed, fork_server, judged
 
 CONNECT_TIMEOUT = 30  # seconds to reach the scheduler
 
 
-def worker_missing(sandboxed: bool) -> str:
-    """Run on each worker: what it lacks to grade (empty when nothing)."""
+def worker_state(sandboxed: bool, dask_worker=None) -> dict:
+    """Run on each worker (``Client.run``, which passes it as ``dask_worker``): what it lacks to grade (``missing``,
+    empty when nothing), its host, the cores it may use and how many notebooks it runs at once (its threads)."""
+    from distributed.comm import get_address_host
+
+    worker = dask_worker
+    missing = ""
     if multiprocessing.current_process().daemon:
-        return ("it is a daemonic process, which may not start the judge processes: start the workers with "
-                "DASK_DISTRIBUTED__WORKER__DAEMON=False in their environment")
-    if sandboxed and (why := sandbox.missing()):
-        return f"it cannot grade in a sandbox: {why}"
-    return ""
+        missing = ("it is a daemonic process, which may not start the judge processes: start the workers with "
+                   "DASK_DISTRIBUTED__WORKER__DAEMON=False in their environment")
+    elif sandboxed and (why := sandbox.missing()):
+        missing = f"it cannot grade in a sandbox: {why}"
+    return {"missing": missing, "host": get_address_host(worker.address), "cores": default_jobs(),
+            "nthreads": worker.state.nthreads}
+
+
+def threads_per_host(states: dict) -> dict[str, int]:
+    """{host: torch threads for each notebook there}: a host's cores shared among all the notebooks its workers run
+    at once (two workers of one thread on two cores: one thread each, as ``minigpt-grade -j 2`` gives here)."""
+    hosts: dict[str, list[dict]] = {}
+    for state in states.values():
+        hosts.setdefault(state["host"], []).append(state)
+    return {host: max(1, min(s["cores"] for s in same) // max(1, sum(s["nthreads"] for s in same)))
+            for host, same in hosts.items()}
 
 
 def judge_on_worker(chapters: list[str], chapter: str, notebook: str, limits: dict, sandboxed: bool,
-                    checks: list[str], skip: list[int]) -> bytes:
+                    checks: list[str], skip: list[int], threads: dict[str, int]) -> bytes:
     """A Dask task: one notebook run and judged on this worker, as ``run.run_one`` does locally; returns the judge's
-    message. The worker's fork server is started by its first task, warm for every chapter of the batch."""
+    message. The worker's fork server is started by its first task, warm for every chapter of the batch.
+    ``threads``: ``threads_per_host`` (a host that joined later: its cores shared among this worker's threads)."""
     from distributed import get_worker
+    from distributed.comm import get_address_host
 
     try:
         fork_server(chapters)
-        threads = max(1, default_jobs() // max(1, get_worker().state.nthreads))  # the notebook's share of the cores
+        worker = get_worker()
+        share = threads.get(get_address_host(worker.address)) or default_jobs() // max(1, worker.state.nthreads)
     except Exception as err:  # noqa: BLE001 (this worker cannot judge: the row says why)
         return _failed(f"the worker on {os.uname().nodename} could not start its judges ({type(err).__name__}: "
                        f"{str(err)[:200]})")
-    return judged(chapter, notebook, limits, sandboxed, threads, checks, skip)
+    return judged(chapter, notebook, limits, sandboxed, max(1, share), checks, skip)
 
 
 class ClusterPool:
@@ -70,17 +95,22 @@ class ClusterPool:
         except (OSError, TimeoutError, ValueError) as err:
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from None
         try:
-            workers = self.client.run(worker_missing, sandboxed)
-            if not workers:
+            states = self.client.run(worker_state, sandboxed)
+            if not states:
                 raise UsageError(f"the Dask scheduler at {scheduler} has no workers")
-            lacking = {address: why for address, why in workers.items() if why}
+            lacking = {address: state["missing"] for address, state in states.items() if state["missing"]}
             if lacking:
                 raise UsageError("Dask workers that cannot grade: "
                                  + "; ".join(f"{address}: {why}" for address, why in sorted(lacking.items())))
         except BaseException:
             self.client.close()
             raise
+        self.threads = threads_per_host(states)
         self.futures = {}
+        if not secure(scheduler):
+            warn(f"the Dask scheduler at {scheduler} is reached over plain TCP: whoever can reach it can run code on "
+                 "its workers, which hold the checks and their answers. Use tls:// with certificates (Dask's "
+                 "distributed.comm.tls settings) on a network the learners' servers cannot reach")
 
     def submit(self, item, chapters: list[str], chapter: str, notebook: str, limits: dict, sandboxed: bool,
                checks: list[str], skip: list[int]) -> None:
@@ -88,7 +118,7 @@ class ClusterPool:
         # that names the notebook for whoever watches the scheduler.
         key = f"judge-{item[0].student}-{chapter}-{uuid.uuid4().hex[:12]}"
         future = self.client.submit(judge_on_worker, chapters, chapter, notebook, limits, sandboxed, list(checks),
-                                    list(skip), pure=False, key=key)
+                                    list(skip), self.threads, pure=False, key=key)
         self.futures[future] = item
 
     def completed(self):
@@ -101,6 +131,22 @@ class ClusterPool:
         for future in self.futures:
             future.cancel()
         self.client.close()
+
+
+def secure(scheduler: str) -> bool:
+    """Whether the scheduler's address is one only this machine (loopback) or a certificate (tls://) lets in."""
+    import ipaddress
+
+    from distributed.comm import get_address_host, parse_address
+
+    scheme, _ = parse_address(scheduler)
+    if scheme in ("tls", "inproc"):
+        return True
+    host = get_address_host(scheduler)
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _result(future):

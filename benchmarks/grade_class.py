@@ -130,7 +130,7 @@ def workers_main(args: argparse.Namespace) -> int:
             else:
                 with dask.config.set({"distributed.worker.daemon": False}), \
                         LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                     dashboard_address=None, host="127.0.0.1") as cluster:
+                                     dashboard_address=":0", host="127.0.0.1") as cluster:
                     code, results, elapsed = grade_once(Path(tmp), args, "--scheduler", cluster.scheduler_address)
                 label = f"Dask, {workers} worker{'s' * (workers > 1)} of one notebook at a time"
             failed |= code != 0 or set(results) != set(kinds)

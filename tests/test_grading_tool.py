@@ -564,12 +564,25 @@ def test_a_dask_scheduler_that_cannot_grade_is_a_usage_error(course, capsys, mon
     code, _, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-dask",
                              "--scheduler", f"tcp://127.0.0.1:{port}")
     assert code == 2 and f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in err, err
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                       host="127.0.0.1") as daemonic:
         code, _, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-dask",
                                  "--scheduler", daemonic.scheduler_address)
     assert code == 2 and "Dask workers that cannot grade" in err and "DASK_DISTRIBUTED__WORKER__DAEMON=False" in err
     assert not (course / "ws-dask").exists()
+
+
+def test_a_dask_hosts_cores_are_shared_among_its_workers_threads_and_plain_tcp_beyond_loopback_is_named():
+    from autograder import cluster
+
+    states = {"tcp://10.0.0.1:1": {"host": "10.0.0.1", "cores": 2, "nthreads": 1},
+              "tcp://10.0.0.1:2": {"host": "10.0.0.1", "cores": 2, "nthreads": 1},
+              "tcp://10.0.0.2:1": {"host": "10.0.0.2", "cores": 16, "nthreads": 4},
+              "tcp://10.0.0.3:1": {"host": "10.0.0.3", "cores": 2, "nthreads": 8}}
+    assert cluster.threads_per_host(states) == {"10.0.0.1": 1, "10.0.0.2": 4, "10.0.0.3": 1}
+    assert [cluster.secure(a) for a in ("tcp://127.0.0.1:8786", "tcp://localhost:8786", "tls://10.0.0.5:8786",
+                                        "tcp://10.0.0.5:8786", "10.0.0.5:8786", "tcp://[::1]:8786")] == \
+        [True, True, True, False, False, True]
 
 
 @pytest.mark.slow

@@ -111,7 +111,7 @@ def cluster_of_two():
     from distributed import LocalCluster
 
     with dask.config.set({"distributed.worker.daemon": False}), \
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                          host="127.0.0.1") as cluster:
         yield cluster.scheduler_address
 
