@@ -116,6 +116,10 @@ def _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, ver
         if s.path is not None and s.path.is_relative_to(workdir):
             raise UsageError(f"{s.path} is inside the workspace {workdir}, where grading keeps its own files")
     chapters = sorted({s.chapter for s in submissions})
+    if cluster is None and any(s.path is not None for s in submissions):
+        # The fork server loads torch, transformers and the checks (seconds) while nbgrader's steps and the intake
+        # run: it returns at once, and the first judge waits for it (one learner's course: 42-43 s -> 38-39 s)
+        fork_server(chapters)
     ws = Workspace(workdir, course_root)
     ws.open(chapters, fresh, verbose)
     release = {ch: ws.released(ch) for ch in chapters}  # each chapter's released notebook, read once
