@@ -267,7 +267,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="course folder holding solutions/ (default: the one this tool belongs to)")
     parser.add_argument("--workdir", type=Path, help="grading workspace (default: COURSE_ROOT/.grading)")
     parser.add_argument("-j", "--jobs", type=int, default=default_jobs(),
-                        help="notebooks graded at once (default: the cores this process may use)")
+                        help="notebooks graded at once here (default: the cores this process may use; with "
+                             "--scheduler, each worker runs as many as it has threads)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds one notebook may take, start to end (default: {DEFAULT_TIMEOUT})")
     parser.add_argument("--cell-timeout", type=int, default=DEFAULT_CELL_TIMEOUT,

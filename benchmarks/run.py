@@ -344,8 +344,8 @@ def bench_generate(repeat: int, quick: bool = False) -> list[str]:
             f"parameter checked), a prompt of 16 tokens (128 on GPT-2 small's shape), batch 1, torch threads: "
             f"{torch.get_num_threads()}. FastGPT (chapter 7): a StaticKVCache as FastCachedModel's, plus the LM head on "
             f"the last position only, torch's fused kernels and widening weights stored transposed; FastGPT int8: "
-            f"FastGPT(int8=True), its decode steps' products on int8 weights (its ids are compared with float32 "
-            f"FastGPT's, not required equal). {repeat} rounds in which the five take turns (interleaved, so that a slower stretch of a shared "
+            f"FastGPT(int8=True), its decode steps' products on int8 weights and the row rounded to int8 "
+            f"(torch._int_mm; its ids are compared with float32 FastGPT's, not required equal). {repeat} rounds in which the five take turns (interleaved, so that a slower stretch of a shared "
             f"machine slows all alike; fewer once they took {RUN_BUDGET_S:.0f} s); tokens/s of the median round, "
             f"min-max of the rounds beside it. Without the cache: one run. Before: {load_average()}.", "",
             "| model | new tokens | minigpt, no cache (tok/s) | minigpt + CachedModel (tok/s) | min-max | "

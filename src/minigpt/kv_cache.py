@@ -143,11 +143,11 @@ class FastCachedModel:
 
 
 def int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weight-only int8 of a linear layer's weight ``w`` (out, in): each row scaled so that its largest |value| maps
-    to 127, then rounded. Returns (int8 weights (out, in), bfloat16 scales (out,)): row i is about
-    scales[i] * weights[i], in a quarter of float32's bytes."""
-    scales = (w.detach().abs().amax(dim=1).float() / 127).clamp(min=1e-12).to(torch.bfloat16)
-    q = torch.round(w.detach().float() / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    """int8 of a linear layer's weight ``w`` (out, in): each row scaled so that its largest |value| maps to 127, then
+    rounded. Returns (int8 weights (out, in), float32 scales (out,)): row i is about scales[i] * weights[i], in a
+    quarter of float32's bytes."""
+    scales = (w.detach().abs().amax(dim=1).float() / 127).clamp(min=1e-12)
+    q = torch.round(w.detach().float() / scales[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scales
 
 
@@ -156,16 +156,14 @@ class FastGPT:
     StaticKVCache, the LM head on the last position only, torch's fused kernels, and weights laid out for
     one-row products. ``last_only``, ``fused`` and ``layout`` switch the last three off, to measure each.
     ``int8=True`` reads fewer bytes where a step reads them: a product of one row (a decode step) reads each
-    weight as int8 with a scale per row (``int8_weight``), multiplied in bfloat16 by torch's int8 kernel; a product
-    of many rows (a prefill) still reads the float32 weights, for which it is faster."""
+    weight as int8 with a scale per row (``int8_weight``); the row is rounded to int8 the same way, and torch's
+    integer product multiplies the two. A product of many rows (a prefill) still reads the float32 weights: there
+    the arithmetic, not the reading, takes the time."""
 
     def __init__(self, model: torch.nn.Module, *, last_only: bool = True, fused: bool = True, layout: bool = True,
                  int8: bool = False):
         self.model, self.config = model, model.config
         self.last_only, self.fused, self.int8 = last_only, fused, int8
-        if int8 and model.config.n_embd % 16:  # the kernel gives garbage (or crashes) for other widths
-            raise ValueError(f"int8=True needs n_embd to be a multiple of 16 (torch's int8 kernel reads the inputs "
-                             f"16 at a time), got {model.config.n_embd}")
         self.dtype = model.lm_head.weight.dtype
 
         def laid_out(linear: torch.nn.Linear) -> torch.Tensor:
@@ -175,17 +173,25 @@ class FastGPT:
         layers = [(b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in model.h]
         self.weights = [[laid_out(lin) for lin in block] for block in layers]
         self.head = laid_out(model.lm_head)
-        # int8: each weight a second time, as int8 (a quarter of its bytes), for the one-row products
-        self.weights8 = [[int8_weight(lin.weight) for lin in block] for block in layers] if int8 else None
-        self.head8 = int8_weight(model.lm_head.weight) if int8 else None
+        # int8: each weight a second time, as int8 (a quarter of its bytes), for the one-row products; kept as
+        # (in, out) views of the (out, in) rows, the layout torch's integer product reads fast for one row
+        self.weights8 = [[self.int8_copy(lin) for lin in block] for block in layers] if int8 else None
+        self.head8 = self.int8_copy(model.lm_head) if int8 else None
         self.cache = StaticKVCache(self.config, dtype=self.dtype)
         self.ids: tuple[int, ...] = ()  # the ids whose keys and values the cache holds
 
+    @staticmethod
+    def int8_copy(linear: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scales = int8_weight(linear.weight)
+        return q.t(), scales.to(linear.weight.dtype)
+
     def product(self, x: torch.Tensor, w: torch.Tensor, w8, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x (T, in) @ w (in, out) + bias: the layer's output; from its int8 copy ``w8`` when there is one and x is
-        one row."""
+        one row: the row rounded to int8 (its largest |value| to 127), an integer product, then the two scales."""
         if w8 is not None and x.shape[0] == 1:
-            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *w8).to(x.dtype)
+            q, scales = w8  # (in, out) int8, (out,)
+            x_scale = x.abs().amax().clamp(min=1e-12) / 127
+            y = torch._int_mm(torch.round(x / x_scale).to(torch.int8), q) * (x_scale * scales)  # int32 sums, scaled
             return y if bias is None else y + bias
         return x @ w if bias is None else torch.addmm(bias, x, w)
 
