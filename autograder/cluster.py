@@ -150,17 +150,18 @@ def secure(scheduler: str) -> bool:
 
 
 def _result(future):
+    from distributed import KilledWorker
+
     from autograder.run import JudgeFailed, _outcome
 
     def outcome():
         try:
             data = future.result()
-        except Exception as err:  # noqa: BLE001 (KilledWorker, a lost scheduler, ...: this notebook's row)
-            name = type(err).__name__
-            if name == "KilledWorker":
-                raise JudgeFailed("every worker that ran it died (the cluster gave up on it; graded again on the "
-                                  "next run)") from None
-            raise JudgeFailed(f"the cluster gave no result ({name}: {str(err)[:200]})") from None
+        except KilledWorker:
+            raise JudgeFailed("every worker that ran it died (the cluster gave up on it; graded again on the next "
+                              "run)") from None
+        except Exception as err:  # noqa: BLE001 (a lost scheduler, ...: this notebook's row)
+            raise JudgeFailed(f"the cluster gave no result ({type(err).__name__}: {str(err)[:200]})") from None
         if not isinstance(data, bytes):
             raise JudgeFailed("the worker sent something that is not a judge's message")
         return _outcome(data)

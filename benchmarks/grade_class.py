@@ -16,6 +16,7 @@ and checks that every submission got a row (exit 1 if one did not).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -102,6 +103,12 @@ def course_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_counts(results: dict) -> tuple[int, str]:
+    """(notebooks graded, the others counted by status: "1 unreadable, 2 wrong-notebook" or "none")."""
+    statuses = collections.Counter(r["status"] for r in results.values())
+    return statuses["graded"], ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()) if s != "graded") or "none"
+
+
 def grade_once(tmp: Path, args: argparse.Namespace, *options: str) -> tuple[int, dict, float]:
     """Grade tmp/class afresh into a workspace of its own: (exit code, {student: result}, seconds)."""
     out, workspace = tmp / "results.json", tmp / f"workspace{time.monotonic_ns()}"
@@ -134,11 +141,8 @@ def workers_main(args: argparse.Namespace) -> int:
                     code, results, elapsed = grade_once(Path(tmp), args, "--scheduler", cluster.scheduler_address)
                 label = f"Dask, {workers} worker{'s' * (workers > 1)} of one notebook at a time"
             failed |= code != 0 or set(results) != set(kinds)
-            statuses: dict[str, int] = {}
-            for r in results.values():
-                statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-            others = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()) if s != "graded") or "none"
-            rows.append((label, len(results), statuses.get("graded", 0), others, elapsed))
+            graded, others = status_counts(results)
+            rows.append((label, len(results), graded, others, elapsed))
     print(f"\n## grading on a Dask cluster: a class of {len(kinds)} chapter-1 submissions (correct, wrong and "
           f"hostile in turn), {base.default_jobs()} cores, graded afresh each time\n")
     print("| where | with a result | graded | not gradable (status) | wall time | per minute |")
@@ -167,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = mixed_class(Path(tmp) / "class", args.count)
         code, results, elapsed = grade_once(Path(tmp), args)
     missing = sorted(set(kinds) - set(results))
-    by_status: dict[str, int] = {}
-    for r in results.values():
-        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+    graded, others = status_counts(results)
     ran = [r for r in results.values() if r["seconds"] is not None]
     print(f"\n## grading: a class of {len(kinds)} chapter-1 submissions "
           f"({sum(k == 'correct' for k in kinds.values())} correct, {sum(k == 'wrong' for k in kinds.values())} wrong, "
@@ -177,9 +179,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.cell_timeout} s\n")
     print("| submissions | with a result | graded | not gradable (status) | wall time | per minute | slowest notebook |")
     print("|---|---|---|---|---|---|---|")
-    others = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()) if s != "graded") or "none"
     slowest = max((r["seconds"] for r in ran), default=0)
-    print(f"| {len(kinds)} | {len(results)} | {by_status.get('graded', 0)} | {others} | {elapsed:.0f} s "
+    print(f"| {len(kinds)} | {len(results)} | {graded} | {others} | {elapsed:.0f} s "
           f"| {60 * len(kinds) / elapsed:.1f} | {slowest:.0f} s |")
     if code != 0 or missing:
         print(f"\nminigpt-grade exited {code}; no result for: {', '.join(missing) or 'none'}", file=sys.stderr)

@@ -76,11 +76,14 @@ def batch(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("grading") / "workspace"
     server = socket.create_server(("127.0.0.1", 0))  # the network probe must not reach it
     port = server.getsockname()[1]
+    cluster = contextlib.ExitStack()
+    address = cluster.enter_context(cluster_of_two())
     students = hostile.write_class(class_dir, {
         "reference": hostile.reference_text(),
         "untouched": hostile.untouched_text(),
         "wrong": hostile.mutant_text(hostile.WRONG),
         "network": hostile.network_probe(port)(),
+        "dask-client": hostile.dask_probe(address)(),  # the scheduler that grades it, as a client
     })
     (class_dir / "symlink").mkdir()  # a notebook that is a link to the instructor's solution
     (class_dir / "symlink" / f"{CHAPTER}.ipynb").symlink_to(ROOT / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
@@ -91,7 +94,7 @@ def batch(tmp_path_factory):
     before = course_files()
     submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students
                  if s not in ("symlink", "linked-chapter")}
-    with cluster_of_two() as address:
+    with cluster:
         killer = WorkerKiller(address)
         first = grade_class(class_dir, workdir, "--scheduler", address)
         killer.stop()
@@ -146,7 +149,6 @@ class WorkerKiller(threading.Thread):
         self.done.set()
         self.join()
         self.client.close()
-
 
 
 def outputs(batch, student: str) -> str:
@@ -404,6 +406,13 @@ def test_other_kernels_are_out_of_sight(batch):
 def test_the_network_is_out_of_reach(batch):
     text = outputs(batch, "network")
     assert text.count("PROBE network:") == 3 and "connected" not in text, text
+
+
+def test_the_dask_scheduler_grading_it_is_out_of_reach(batch):
+    """A notebook graded on the cluster cannot become the cluster's client (which runs code on the workers)."""
+    r, text = result(batch, "dask-client"), outputs(batch, "dask-client")
+    assert "PROBE dask: blocked" in text and "connected" not in text, text
+    assert r.status == "graded" and r.score == 13, (r.score, r.detail)
 
 
 @pytest.mark.parametrize("student", ["print-history", "raise-frames", "snoop", "environment"])

@@ -163,8 +163,7 @@ class FastGPT:
     def __init__(self, model: torch.nn.Module, *, last_only: bool = True, fused: bool = True, layout: bool = True,
                  int8: bool = False):
         self.model, self.config = model, model.config
-        self.last_only, self.fused, self.int8 = last_only, fused, int8
-        self.dtype = model.lm_head.weight.dtype
+        self.last_only, self.fused = last_only, fused
 
         def laid_out(linear: torch.nn.Linear) -> torch.Tensor:
             w = linear.weight.detach().t()  # (in, out): x @ w is linear(x) without its bias
@@ -177,7 +176,7 @@ class FastGPT:
         # (in, out) views of the (out, in) rows, the layout torch's integer product reads fast for one row
         self.weights8 = [[self.int8_copy(lin) for lin in block] for block in layers] if int8 else None
         self.head8 = self.int8_copy(model.lm_head) if int8 else None
-        self.cache = StaticKVCache(self.config, dtype=self.dtype)
+        self.cache = StaticKVCache(self.config, dtype=self.head.dtype)
         self.ids: tuple[int, ...] = ()  # the ids whose keys and values the cache holds
 
     @staticmethod
@@ -204,7 +203,7 @@ class FastGPT:
         T, head_size = idx.shape[1], c.n_embd // c.n_head
         x = m.emb(idx, offset=self.cache.length)[0]  # (T, C): one sequence, so no batch dimension
         for i, (block, (w_attn, w_proj, w_fc, w_out)) in enumerate(zip(m.h, self.weights)):
-            q_attn, q_proj, q_fc, q_out = self.weights8[i] if self.int8 else (None,) * 4
+            q_attn, q_proj, q_fc, q_out = self.weights8[i] if self.weights8 else (None,) * 4
             qkv = self.product(self.norm(block.ln_1, x), w_attn, q_attn, block.attn.c_attn.bias)  # (T, 3C)
             q, k, v = qkv.view(T, 3, c.n_head, head_size).permute(1, 2, 0, 3).unsqueeze(1)  # 3 x (1, H, T, D)
             k, v = self.cache.append(i, k, v)

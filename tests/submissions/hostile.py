@@ -474,6 +474,21 @@ def network_probe(port: int) -> Callable[[], str]:
     return _reference_with(NETWORK.replace("{port}", str(port)), after="")
 
 
+DASK = r'''
+try:  # the grader's Dask scheduler runs any task a client sends: the workers hold the checks' answers
+    from distributed import Client
+    client = Client("{address}", timeout=5, set_as_default=False)
+    print("PROBE dask: connected", client.run(lambda: "ran on a worker"))
+except Exception as err:
+    print("PROBE dask: blocked", type(err).__name__)
+'''
+
+
+def dask_probe(address: str) -> Callable[[], str]:
+    """A notebook that tries to reach the Dask scheduler grading it (address: the scheduler's) as a client."""
+    return _reference_with(DASK.replace("{address}", address), after="")
+
+
 HOSTILE = [
     # not this chapter's notebook
     Hostile("corrupt-json", "a notebook cut off in the middle", _corrupt),
