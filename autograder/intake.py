@@ -84,7 +84,7 @@ def course_chapters(course_root: Path) -> list[str]:
 
 
 def graded_chapters(course_root: Path) -> list[str]:
-    """The chapters with something to grade: a cell worth points (the capstone, 10-capstone, has none)."""
+    """The chapters with something to grade: a cell worth points (the capstone, 11-capstone, has none)."""
     graded = []
     for ch in course_chapters(course_root):
         try:

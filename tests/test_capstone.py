@@ -1,4 +1,4 @@
-"""Chapter 10, the capstone: a learner's package, built from notebooks, checked piece by piece against the oracles.
+"""Chapter 11, the capstone: a learner's package, built from notebooks, checked piece by piece against the oracles.
 
 The reference (exported from solutions/ as if it were a learner's) matches everywhere; the released stubs are
 "not written yet" everywhere; a mutant with one realistic mistake is named in the piece that holds the mistake,
@@ -153,7 +153,7 @@ def test_the_learner_package_never_takes_the_reference_name(tmp_path):
 def test_load_package_builds_and_imports_a_fresh_package():
     package = capstone.load_package(ROOT / "notebooks")
     assert package.__name__ == "learner_minigpt" and sys.modules["learner_minigpt"] is package
-    assert package.CHAPTERS["07-kv-cache"] == "kv_cache" and "10-capstone" not in package.CHAPTERS
+    assert package.CHAPTERS["07-kv-cache"] == "kv_cache" and "11-capstone" not in package.CHAPTERS
     tokens = importlib.import_module("learner_minigpt.tokens")  # the learner notebooks' code: their stubs
     with pytest.raises(NotImplementedError):
         tokens.pre_split("hello")
@@ -182,7 +182,7 @@ def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
     import nbformat
     from nbclient import NotebookClient
 
-    notebook = ROOT / source / "10-capstone" / "10-capstone.ipynb"
+    notebook = ROOT / source / "11-capstone" / "11-capstone.ipynb"
     nb = nbformat.read(notebook, as_version=4)
     start = time.perf_counter()
     client = NotebookClient(nb, timeout=120, kernel_name="python3",
@@ -200,7 +200,7 @@ def test_the_capstone_notebook_runs_top_to_bottom(tmp_path, source):
     where = [html.find(f">{piece}<") for piece in ALL]
     assert -1 not in where and where == sorted(where), f"the report does not name every piece in order: {where}"
     assert (html.count("✓") == len(ALL)) == (source == "solutions"), html
-    print(f"{source}/10-capstone ran in {seconds:.1f} s")
+    print(f"{source}/11-capstone ran in {seconds:.1f} s")
 
 
 # Mistakes in the pieces of chapters 8 and 9, checked with only the pieces they need (cheaper than a whole report).

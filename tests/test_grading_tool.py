@@ -423,12 +423,12 @@ def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
 
 
 def test_the_capstone_is_not_offered_for_grading(capsys):
-    """10-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
-    assert "10-capstone" in intake.course_chapters(ROOT)
-    assert "10-capstone" not in intake.graded_chapters(ROOT)
-    assert intake.graded_chapters(ROOT) == [ch for ch in intake.course_chapters(ROOT) if ch != "10-capstone"]
-    code, _, err = run_grade(capsys, ROOT / "notebooks" / "10-capstone" / "10-capstone.ipynb")
-    assert code == 2 and "no chapter 10-capstone to grade" in err
+    """11-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
+    assert "11-capstone" in intake.course_chapters(ROOT)
+    assert "11-capstone" not in intake.graded_chapters(ROOT)
+    assert intake.graded_chapters(ROOT) == [ch for ch in intake.course_chapters(ROOT) if ch != "11-capstone"]
+    code, _, err = run_grade(capsys, ROOT / "notebooks" / "11-capstone" / "11-capstone.ipynb")
+    assert code == 2 and "no chapter 11-capstone to grade" in err
 
 
 def test_limits_on_the_command_line(course, capsys):

@@ -1,4 +1,4 @@
-"""The capstone (chapter 10): your own minigpt, built from your notebooks, next to the real thing.
+"""The capstone (chapter 11): your own minigpt, built from your notebooks, next to the real thing.
 
     pkg = load_package("..")       # export ../NN-topic/NN-topic.ipynb into a package of its own and import it
     compare(pkg)                   # each piece against an oracle on the course's model: a table of what matches
