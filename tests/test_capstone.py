@@ -74,18 +74,19 @@ MUTANTS = {
         "tokenizer", "encodes to", ()),
     "no causal mask": (
         "attention", "y, _ = attention(q, k, v, causal_mask(T, device=x.device))", "y, _ = attention(q, k, v)",
-        "attention", "is the causal mask applied?", ("transformer", "kv-cache")),
+        "attention", "is the causal mask applied?", ("transformer", "kv-cache", "batching")),
     "top-k keeps k + 1": (
         "samplers", "torch.topk(logits, k, dim=-1)", "torch.topk(logits, k + 1, dim=-1)",
-        "samplers", "keeps 41 tokens of row 0; Hugging Face's TopKLogitsWarper keeps 40", ("constrained decoding",)),
+        "samplers", "keeps 41 tokens of row 0; Hugging Face's TopKLogitsWarper keeps 40",
+        ("constrained decoding", "batching")),
     "the cache appends twice": (
         "kv_cache", "], k], dim=2)\n            v = torch.cat([self.values[layer], v], dim=2)",
         "], k, k], dim=2)\n            v = torch.cat([self.values[layer], v, v], dim=2)",
-        "kv-cache", "decode step 1", ()),
+        "kv-cache", "decode step 1", ("batching",)),
     "the window keeps the first tokens": (
         "generation", "window = ids[-model.config.block_size:]", "window = ids[:model.config.block_size]",
         "generation loop", "last_logits(model, 264 ids) differs from Hugging Face's logits after the last 256",
-        ("beam search", "constrained decoding")),
+        ("beam search", "constrained decoding", "batching")),
 }
 
 

@@ -719,6 +719,40 @@ def _same_mask(got, want: torch.Tensor, what: str, o: Oracle) -> None:
                 f"({o.piece(missing[0])!r})")
 
 
+BATCH_PROMPTS = [PROMPT, "Friends, Romans, countrymen, lend me your ears;", "O"]  # 3, 11 and 1 tokens
+
+
+def check_batching(probe: Probe, o: Oracle) -> str:
+    batching, eot = probe.module("batching"), o.enc.eot_token
+    model = probe.call(probe.module("transformer").GPT.from_pretrained, o.folder,
+                       label="GPT.from_pretrained(the course's model)")
+    prompts = [o.enc.encode(p) for p in BATCH_PROMPTS]
+    T = max(map(len, prompts))
+    ids = torch.tensor([[eot] * (T - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+    call = f"left_pad(<{len(prompts)} prompts of {', '.join(str(len(p)) for p in prompts)} tokens>, {eot})"
+    got = probe.call(batching.left_pad, prompts, eot, label=call)
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
+            and got[0].shape == ids.shape and got[1].shape == mask.shape
+            and torch.equal(got[0], ids) and torch.equal(got[1].long(), mask)):
+        differs(f"{call} gives {show(got)}; the prompts padded on the left are {ids.tolist()}, the mask "
+                f"{mask.tolist()}")
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # Hugging Face's own positions for padding
+    want = o.hf(ids, attention_mask=mask, position_ids=positions).logits
+    call = "forward_padded(model, the padded prompts, mask)"
+    logits = probe.call(batching.forward_padded, model, ids, mask, label=call)
+    for b, p in enumerate(prompts):
+        row = logits[b, -len(p):] if isinstance(logits, torch.Tensor) and logits.dim() == 3 else logits
+        close(row, want[b, -len(p):], f"{call}: the logits of row {b}'s tokens", "Hugging Face's on the same batch")
+    call = f"generate_batch(model, tiktoken, <the {len(prompts)} prompts>, {NEW_TOKENS})"
+    generations = probe.call(batching.generate_batch, model, o.enc, prompts, NEW_TOKENS, label=call)
+    for b, p in enumerate(prompts):
+        same_ids(generations[b].ids, hf_generate(o, p, NEW_TOKENS, do_sample=False), f"row {b} of {call}",
+                 "Hugging Face's greedy generate of that prompt alone", o)
+    return "left padding and its mask, each row's logits in a padded batch equal Hugging Face's, and every row " \
+           "of a batched greedy generation is what Hugging Face writes for its prompt alone"
+
+
 @dataclasses.dataclass(frozen=True)
 class Piece:
     name: str
@@ -739,6 +773,8 @@ PIECES = [
     Piece("training", "08-training", check_training),
     # constrained_generate runs the loop of chapter 5 with the Sampler of chapter 6
     Piece("constrained decoding", "09-constrained", check_constrained, needs=("generation loop", "samplers")),
+    # generate_batch runs the transformer through the cache, with the loop's Row and a Sampler per row
+    Piece("batching", "10-batching", check_batching, needs=("transformer", "kv-cache", "generation loop", "samplers")),
 ]
 
 
