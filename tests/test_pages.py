@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from minigpt import CHAPTERS as FOLDERS
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "book").glob("*.md"))
 CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
@@ -33,7 +35,7 @@ def test_glue_and_the_build_time_asserts_are_in_hidden_cells(page):
     assert not shown, f"{page.name}: move these lines into a cell tagged remove-cell: {shown}"
 
 
-CHAPTERS = [p for p in PAGES if re.match(r"0\d-", p.name)]  # the chapters that build a piece of minigpt
+CHAPTERS = [p for p in PAGES if p.stem in FOLDERS]  # the chapters that build a piece of minigpt
 SKETCH = re.compile(r"^(?:def|class) (\w*(?:_sketch|Sketch)\w*)\b", re.M)
 
 
