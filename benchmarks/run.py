@@ -5,10 +5,11 @@ and prints a markdown table. These are measurements, not tests: the tests check 
 Each checks that what it times gives the same answer both ways before it prints a number.
 
 The model benchmarks run on the course's small trained model and on a model of GPT-2 small's shape (124M
-parameters, random weights: speed does not depend on the values), float32 on both sides, batch 1, with torch's
-default number of threads. Where two sides are compared, they take turns within each round (interleaved) and the
-tables print the median round and the spread, with the machine's load average: a shared machine is slower at
-times, and a fair comparison slows both sides alike. Figures computed rather than measured say "estimated".
+parameters, random weights: speed does not depend on the values), float32 on both sides, batch 1 (the batching
+benchmark: batches of 1 to 16), with torch's default number of threads. Where two sides are compared, they take
+turns within each round (interleaved) and the tables print the median round and the spread, with the machine's
+load average: a shared machine is slower at times, and a fair comparison slows both sides alike. Figures computed
+rather than measured say "estimated".
 ``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code, not a measurement.
 """
 from __future__ import annotations
@@ -512,9 +513,103 @@ def bench_constrained(repeat: int, quick: bool = False) -> list[str]:
     return rows
 
 
+# ---------------------------------------------------------------- batching (chapter 10)
+
+BATCH_SIZES = [1, 2, 4, 8, 16]
+BATCH_PROMPT, BATCH_NEW = 32, 32  # tokens in each prompt, new tokens each row writes
+BATCH_QUICK = ([1, 2], 16, 16)  # --quick: batch sizes, prompt, new tokens (the tiny model's window is 48)
+
+
+def bench_batching(repeat: int, quick: bool = False) -> list[str]:
+    """Chapter 10's generate_batch against Hugging Face generate on the same left-padded batch, by batch size."""
+    import statistics
+
+    import torch
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging
+
+    import coursekit
+    from minigpt.batching import forward_padded, generate_batch, left_pad
+    from minigpt.kv_cache import KVCache, kv_cache_bytes
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    sizes, n_prompt, n_new = BATCH_QUICK if quick else (BATCH_SIZES, BATCH_PROMPT, BATCH_NEW)
+    enc = coursekit.gpt2_encoding()
+    rows = [f"Greedy, the same weights, both in float32 (Hugging Face loaded with dtype=torch.float32, each parameter "
+            f"checked); B different prompts of {n_prompt} tokens each, left-padded into one batch by left_pad (the "
+            f"same ids and attention_mask go to Hugging Face's generate), {n_new} new tokens a row on both sides (no "
+            f"end-of-text id; HF with min_new_tokens), torch threads: {torch.get_num_threads()}. minigpt: "
+            "generate_batch (forward_padded through a growing KVCache, a Sampler per row); HF: "
+            "generate(use_cache=True). "
+            f"{repeat} rounds in which the two, and minigpt's prefill alone, take turns (interleaved; fewer once a "
+            f"batch size's rounds took {RUN_BUDGET_S:.0f} s); tok/s (B x {n_new} new tokens / seconds) of the median "
+            "round, min-max beside it. minigpt's prefill: forward_padded of the B prompts into an empty cache; its "
+            "decode step: (run - prefill) / (new tokens - 1). Bytes a decode step reads: every parameter once (the "
+            f"tied token table once) and the KV cache of the B rows at the middle step ({n_prompt + n_new // 2} "
+            f"positions each), float32; achieved: those bytes / the decode step. Before: {load_average()}.", ""]
+    for name in _model_names(quick):
+        model = _model(name)[0]
+        cfg = model.config
+        text = _prompt(model, n_prompt * max(sizes))
+        prompts = [text[b * n_prompt:(b + 1) * n_prompt] for b in range(max(sizes))]
+        with tempfile.TemporaryDirectory() as folder:
+            model.save_pretrained(folder)
+            hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
+        dtypes = {p.dtype for p in [*hf.parameters(), *model.parameters()]}
+        if dtypes != {torch.float32}:
+            raise SystemExit(f"batching: {name}: the two models are not both float32 ({sorted(map(str, dtypes))})")
+        weights = _weight_bytes(model)[0]
+        rows += [f"### {_describe(name)}", "",
+                 "| B | minigpt generate_batch (tok/s) | min-max | HF generate (tok/s) | min-max | "
+                 "minigpt's time / HF's | minigpt tok/s / its B=1 | HF tok/s / its B=1 | minigpt ms/run | HF ms/run | "
+                 "minigpt prefill (ms) | minigpt decode step (ms) | bytes a step reads (MiB) | achieved (GB/s) | "
+                 "identical ids |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        base = {}
+        for B in sizes:
+            batch = prompts[:B]
+            ids, mask = left_pad(batch, pad_id=0)
+
+            def hf_run(ids=ids, mask=mask):
+                with torch.no_grad():
+                    out = hf.generate(ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new,
+                                      do_sample=False, num_beams=1, use_cache=True, pad_token_id=0, eos_token_id=None)
+                return out[:, ids.shape[1]:].tolist()
+
+            def ours(batch=batch):
+                return [g.ids for g in generate_batch(model, enc, batch, n_new, eos_ids=[])]
+
+            def prefill(ids=ids, mask=mask):
+                return forward_padded(model, ids, mask, KVCache(cfg.n_layer))[:, -1]
+
+            if B == sizes[0]:  # one untimed run of each: first calls set things up
+                ours()
+                hf_run()
+            measured = interleaved({"minigpt": lambda: ours, "hf": lambda: hf_run, "prefill": lambda: prefill},
+                                   repeat, RUN_BUDGET_S)
+            same = measured["minigpt"][1] == measured["hf"][1]
+            if not same or any(len(r) != n_new for r in measured["minigpt"][1]):
+                raise SystemExit(f"batching: {name}, B={B}: minigpt's greedy ids differ from Hugging Face's")
+            t_ours, t_hf = (statistics.median(measured[k][0]) for k in ("minigpt", "hf"))
+            t_prefill = statistics.median(measured["prefill"][0])
+            step = (t_ours - t_prefill) / max(n_new - 1, 1)
+            read = weights + kv_cache_bytes(cfg, B * (n_prompt + n_new // 2))
+            speeds = {k: [B * n_new / t for t in measured[k][0]] for k in ("minigpt", "hf")}
+            base.setdefault("minigpt", B * n_new / t_ours)
+            base.setdefault("hf", B * n_new / t_hf)
+            rows.append(f"| {B} | {median_spread(speeds['minigpt'], 1)} | {median_spread(speeds['hf'], 1)} | "
+                        f"{t_ours / t_hf:.2f}x | {B * n_new / t_ours / base['minigpt']:.2f}x | "
+                        f"{B * n_new / t_hf / base['hf']:.2f}x | {t_ours * 1e3:.0f} | {t_hf * 1e3:.0f} | "
+                        f"{t_prefill * 1e3:.1f} | {step * 1e3:.2f} | {read / MiB:.1f} | {read / step / 1e9:.2f} | "
+                        f"{same} |")
+        rows.append("")
+    return rows + [f"After: {load_average()}."]
+
+
 BENCHMARKS = {"bpe": bench_bpe, "kv-cache": bench_kv_cache, "generate": bench_generate,
-              "bandwidth": bench_bandwidth, "constrained": bench_constrained}
-QUICK = {"kv-cache", "generate", "bandwidth", "constrained"}  # the benchmarks that --quick shrinks to a tiny model
+              "bandwidth": bench_bandwidth, "constrained": bench_constrained, "batching": bench_batching}
+QUICK = {"kv-cache", "generate", "bandwidth", "constrained", "batching"}  # the benchmarks --quick shrinks
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,6 +44,27 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     assert "Traceback" not in out.stderr
 
 
+def test_batching_benchmark_prints_a_table_with_equal_ids_on_a_tiny_model():
+    """--quick: chapter 10's generate_batch against Hugging Face's generate, batches of 1 and 2 of a tiny random
+    model (a smoke test of the code that `make bench` runs on the real models at batches of 1 to 16)."""
+    out = subprocess.run([sys.executable, "benchmarks/run.py", "batching", "--quick", "--repeat", "1",
+                          "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.count("## batching:") == 1 and "### tiny random GPT" in text
+    assert "both in float32" in text and "(interleaved" in text and "take turns" in text
+    assert text.count("load average") == 2
+    assert ("| B | minigpt generate_batch (tok/s) | min-max | HF generate (tok/s) | min-max | minigpt's time / HF's |"
+            in text)
+    table = [line for line in text.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert [line.split(" | ")[0] for line in table] == ["| 1", "| 2"]
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 15 and cells[-1] == "True"  # the same greedy ids as Hugging Face's, every row
+        assert cells[5].endswith("x") and float(cells[11]) > 0 and float(cells[12]) > 0  # a ratio, ms, MiB
+    assert "Traceback" not in out.stderr
+
+
 def test_unknown_benchmark_is_a_clear_error():
     out = subprocess.run([sys.executable, "benchmarks/run.py", "nope"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "unknown benchmarks ['nope']" in out.stderr
