@@ -504,7 +504,9 @@ def check_generate_batch(generate_batch):
         call(ask, "batching.generations", generate_batch, theirs, theirs_enc, rows, 6, eos_ids=[], label=label)
         calls = ask("batching.head_calls", theirs)
         if len(calls) > 6 or max(calls, default=0) < len(rows):
-            fail(f"{label} ran the model {len(calls)} times, on batches of {show(sorted(set(calls)))} rows",
+            fail(f"{label} ran the model {len(calls)} times for 6 new tokens a row, on batches of "
+                 f"{show(sorted(set(calls)))} rows",
                  "one forward pass of the whole batch per new token: the prefill of every prompt at once, then each "
-                 "step one new column for all the rows (generating each prompt alone is not a batch)")
+                 "step one new column for all the rows, and none after the last token (past the window it would "
+                 "not even fit); generating each prompt alone is not a batch")
 

@@ -49,6 +49,22 @@ LOOP = """\
         logits = forward_padded(model, new, mask, cache)[:, -1]
 """
 
+ONE_PASS_TOO_MANY = """\
+    ids, mask = left_pad(prompt_ids, pad_id=0)
+    cache = KVCache(config.n_layer)
+    logits = forward_padded(model, ids, mask, cache)[:, -1]
+    step = 0
+    while step < max_new_tokens and not all(row.finish_reason for row in rows):
+        for b, row in enumerate(rows):
+            if row.finish_reason is None:
+                row.add(samplers[b](logits[b], row.prompt_ids + row.ids))
+        step += 1
+        # the next column runs after the last step too: at the window's edge it does not fit
+        new = torch.tensor([[row.ids[-1]] for row in rows])
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = forward_padded(model, new, mask, cache)[:, -1]
+"""
+
 MUTANTS = [
     # ---- left_pad
     Mutant("pad-right", "pads on the right",
@@ -135,6 +151,9 @@ MUTANTS = [
                                    "next-token scores\n",
                  "    logits = forward_padded(model, ids, mask, cache)[:, 0]\n"),),
            {"test_generate_batch": "Hugging Face's generate on the same left-padded batch"}),
+    Mutant("gen-pass-after-last", "a while loop that runs the model once more after the last token",
+           (Edit("generate_batch", LOOP, ONE_PASS_TOO_MANY),),
+           {"test_generate_batch": "none after the last token"}),
     Mutant("gen-mask-not-grown", "the mask not extended for the new column",
            (Edit("generate_batch", GROW, ""),),
            {"test_generate_batch": ""}),
@@ -263,6 +282,7 @@ DROP_FINISHED_LOOP = """\
         mask = torch.cat([mask, torch.ones(len(running), 1, dtype=mask.dtype)], dim=1)
         logits = forward_padded(model, new, mask, cache)[:, -1]
 """
+
 
 VARIANTS = [
     Variant("pad-sequence-hf-positions-read-all",
