@@ -362,7 +362,7 @@ def _check_decode(forward_padded, name, rows, because):
     ids, mask = _padded(rows, 0)
     call(forward_padded, theirs, ids, mask, cache, label=f"forward_padded(<GPT>, <{show(rows)} left-padded>, mask, "
                                                          "cache)")
-    grown = [list(r) for r in rows]
+    grown, fed = [list(r) for r in rows], 0  # each row's tokens so far; the tokens given after the prefill
     for step, t_new in enumerate((2, 1, 1)):
         new = torch.tensor([[(7 * b + 3 * step + j) % model.config.vocab_size for j in range(t_new)]
                             for b in range(len(rows))])
@@ -371,7 +371,8 @@ def _check_decode(forward_padded, name, rows, because):
             grown[b] += new[b].tolist()
         label = (f"forward_padded(<GPT>, <{t_new} new token{'s' if t_new > 1 else ''} per row>, <mask of "
                  f"{mask.shape[1]} columns>, cache) after a prefill of {show(rows)}"
-                 f"{'' if step == 0 else ' and ' + str(step + 1 if step > 1 else 2) + ' more tokens'}")
+                 f"{f' and {fed} more tokens a row' if fed else ''}")
+        fed += t_new
         logits = _tensor(label, call(forward_padded, theirs, new, mask, cache, label=label),
                          (len(rows), t_new, model.config.vocab_size), torch.float32)
         for b in range(len(rows)):
@@ -443,13 +444,21 @@ def _generations(label, got, want_rows) -> list:
     return got
 
 
+def _parting(got: list[int], want: list[int]) -> str:
+    """Where two lists of new ids part: "from new token 13 on, [...] against [...]" (or their lengths)."""
+    i = next((k for k, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+    if i == min(len(got), len(want)):
+        return f"{len(got)} new token{'s' if len(got) != 1 else ''} against {len(want)}, the first {i} the same"
+    return f"from new token {i} on, {show(got[i:i + 8])} against {show(want[i:i + 8])}"
+
+
 def _compare(label, got, want, hint):
     for b, (g, w) in enumerate(zip(got, want)):
         if g != w:
-            what = ("ids" if g[0] != w[0] else "text" if g[1] != w[1] else "finish reason")
+            what = (f"the ids part: {_parting(g[0], w[0])}" if g[0] != w[0] else
+                    "the same ids, another text" if g[1] != w[1] else "the same ids and text, another finish reason")
             fail(f"{label}: row {b} got ids {show(g[0])}, text {show(g[1])}, finish reason {show(g[2])}; alone, "
-                 f"that prompt gives ids {show(w[0])}, text {show(w[1])}, finish reason {show(w[2])} (the "
-                 f"{what} differ)", hint)
+                 f"that prompt gives ids {show(w[0])}, text {show(w[1])}, finish reason {show(w[2])} ({what})", hint)
 
 
 @cell("test_generate_batch", parts={HF_GREEDY: 2, ENDS: 1, SAMPLING: 1, ONE_PASS: 1})
@@ -466,8 +475,8 @@ def check_generate_batch(generate_batch):
                                        label=label), len(prompts))
         for b, (g, want) in enumerate(zip(got, _hf_batch(prompts, 16, enc.eot_token))):
             if g[0] != want:
-                fail(f"{label}: row {b} got {show(g[0])}, Hugging Face's generate on the same left-padded batch "
-                     f"gives {show(want)}", "greedy: each row's next token is the argmax of ITS last logits; "
+                fail(f"{label}: row {b} departs from Hugging Face's generate on the same left-padded batch: "
+                     f"{_parting(g[0], want)}", "greedy: each row's next token is the argmax of ITS last logits; "
                                             "left-pad, each token at its own position, the mask hides padding" + tail)
         _compare(label, got, _alone_all(_shipped(), prompts, 16), "each row as its prompt generated alone" + tail)
     with part(ENDS):
