@@ -435,6 +435,38 @@ def _alone_all(model, prompts, n, settings=None, **options) -> list[list]:
     return out
 
 
+STOPS = [",", "\n"]
+EOS_ROWS = [[5, 6, 7], [40], [60, 61, 62, 63, 64], [80, 81]]  # prompts of the random GPT "a"
+GENERATION_CASES = ("hf", "greedy", "stops", "eos", "sampling")
+
+
+@once
+def _expected(case: str) -> list:
+    """The oracle's answers for one generation case of test_generate_batch, computed once (in the grader's fork
+    server, before any judge process is forked from it: ``warm_up``): "hf", Hugging Face's generate on the batch;
+    the others, chapter 6's generate of each prompt alone, as [ids, text, finish reason]."""
+    enc = _encoding()
+    greedy = [enc.encode(p) for p in GREEDY_PROMPTS]
+    if case == "hf":
+        return _hf_batch(greedy, 16, enc.eot_token)
+    if case == "greedy":
+        return _alone_all(_shipped(), greedy, 16)
+    if case == "stops":
+        return _alone_all(_shipped(), [enc.encode(p) for p in STOP_PROMPTS], 24, stop=STOPS)
+    if case == "eos":
+        return _alone_all(_model("a"), EOS_ROWS, 12, eos_ids=[EOS_A])
+    if case == "sampling":
+        return _alone_all(_shipped(), greedy[:3], 12, SAMPLE_SETTINGS)
+    raise KeyError(case)
+
+
+def warm_up() -> None:
+    """test_generate_batch's expected answers, computed in the grader's fork server (``autograder.warm``): each
+    judge process forked from it starts with them (about 2 s of generation a notebook otherwise)."""
+    for case in GENERATION_CASES:
+        _expected(case)
+
+
 def _generations(label, got, want_rows) -> list:
     if isinstance(got, list) and got[:1] in (["not a list"], ["not generations"]):
         fail(f"{label} returned {'a ' + got[1] if got[0] == 'not a list' else 'a list holding a ' + got[1]}, "
@@ -473,27 +505,26 @@ def check_generate_batch(generate_batch):
                 f"{', '.join(str(len(p)) for p in prompts)} tokens>, 16)"
         got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts, 16,
                                        label=label), len(prompts))
-        for b, (g, want) in enumerate(zip(got, _hf_batch(prompts, 16, enc.eot_token))):
+        for b, (g, want) in enumerate(zip(got, _expected("hf"))):
             if g[0] != want:
                 fail(f"{label}: row {b} departs from Hugging Face's generate on the same left-padded batch: "
                      f"{_parting(g[0], want)}", "greedy: each row's next token is the argmax of ITS last logits; "
                                             "left-pad, each token at its own position, the mask hides padding" + tail)
-        _compare(label, got, _alone_all(_shipped(), prompts, 16), "each row as its prompt generated alone" + tail)
+        _compare(label, got, _expected("greedy"), "each row as its prompt generated alone" + tail)
     with part(ENDS):
         prompts = [enc.encode(p) for p in STOP_PROMPTS]
         label = f"generate_batch(<the course's model>, <GPT-2's tokenizer>, {show(STOP_PROMPTS)}, 24, stop=[',', '\\n'])"
         got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts, 24,
-                                       stop=[",", "\n"], label=label), len(prompts))
-        _compare(label, got, _alone_all(_shipped(), prompts, 24, stop=[",", "\n"]),
+                                       stop=STOPS, label=label), len(prompts))
+        _compare(label, got, _expected("stops"),
                  "a row that reached a stop string (or an end id) is finished: add no token to it, while the other "
                  "rows go on" + tail)
         # A random GPT whose rows meet the end id at different steps (tokens below 97 are single bytes of GPT-2's).
-        model, theirs = _model("a"), make("batching.watched_gpt", **_recipe("a"))
-        rows = [[5, 6, 7], [40], [60, 61, 62, 63, 64], [80, 81]]
+        theirs, rows = make("batching.watched_gpt", **_recipe("a")), EOS_ROWS
         label = f"generate_batch(<a random GPT>, <GPT-2's tokenizer>, {show(rows)}, 12, eos_ids=[{EOS_A}])"
         got = _generations(label, call(ask, "batching.generations", generate_batch, theirs, theirs_enc, rows, 12,
                                        eos_ids=[EOS_A], label=label), len(rows))
-        _compare(label, got, _alone_all(model, rows, 12, eos_ids=[EOS_A]),
+        _compare(label, got, _expected("eos"),
                  "a row ends at its end id (finish reason 'eos'), the others go on" + tail)
     with part(SAMPLING):
         prompts = [enc.encode(p) for p in GREEDY_PROMPTS[:3]]
@@ -502,7 +533,7 @@ def check_generate_batch(generate_batch):
                 f"{', '.join(f'{k}={v}' for k, v in SAMPLE_SETTINGS[0].items())}), ...])"
         got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts, 12,
                                        samplers=samplers, label=label), len(prompts))
-        _compare(label, got, _alone_all(_shipped(), prompts, 12, SAMPLE_SETTINGS),
+        _compare(label, got, _expected("sampling"),
                  "row b draws its tokens with samplers[b] (its own seed), called with that row's logits and ids, "
                  "once per new token of that row" + tail)
     with part(ONE_PASS):
