@@ -16,7 +16,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # A MPLBACKEND inherited from the shell would replace the notebooks' inline backend: no plots in the book.
 unexport MPLBACKEND
 
-.PHONY: course test lab test-fast env notebooks bench bench-grading model clean system-packages student-release hub-tools
+.PHONY: course test lab test-fast env notebooks bench bench-grading model recorded clean system-packages student-release hub-tools
 
 course: $(STAMP)
 	$(BIN)/jupyter-book build --all -W --keep-going .
@@ -114,6 +114,10 @@ bench-grading: $(STAMP)
 # .venv/bin/python training/train_shipped_model.py --resume goes on): see training/README.md.
 model: $(STAMP)
 	$(BIN)/python training/train_shipped_model.py
+
+# Hugging Face's answers to the learners' own tests, computed again (src/coursekit/data/recorded/README.md)
+recorded: $(STAMP)
+	$(BIN)/python -m coursekit.recorded
 
 clean:
 	rm -rf _build .grading submitted autograded feedback gradebook.db

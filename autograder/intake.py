@@ -69,6 +69,7 @@ ORACLES_EVERYWHERE = [
     (re.compile(r"\btransformers\b|\b(from|import) tokenizers\b|'tokenizers'|\bGPT2[A-Z]|\bAuto(Model|Tokenizer)"
                 r"|Logits(Processor|Warper)|\bprefix_allowed_tokens_fn\b"), "Hugging Face's transformers"),
     (re.compile(r"\bcapstone\b"), "coursekit.capstone"),
+    (re.compile(r"\bcoursekit\.recorded\b|\bimport recorded\b"), "coursekit.recorded (the visible tests' answers)"),
 ]
 # Characters of a notebook's code read for oracles: five times the longest reference's (chapter 9's), and a few
 # seconds of the grader's time at worst (a token per character); a longer notebook gets a note instead.

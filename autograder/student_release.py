@@ -169,7 +169,8 @@ dependencies = [
 {script_lines}
 [tool.setuptools]
 package-dir = {{ "minigpt" = "src/minigpt", "coursekit" = "src/coursekit" }}
-packages = ["minigpt", "coursekit", "coursekit.data.models", "coursekit.data.shakespeare", "coursekit.data.tiktoken"]
+packages = ["minigpt", "coursekit", "coursekit.data.models", "coursekit.data.recorded", "coursekit.data.shakespeare",
+            "coursekit.data.tiktoken"]
 
 [tool.setuptools.package-data]
 coursekit = ["data/**/*"]
