@@ -664,6 +664,12 @@ def _hf_model():
 
 
 @once
+def _hf_weights() -> dict:
+    """_hf_model's tensors, sent to the learner's side (``constrained.recording_gpt``), which has no transformers."""
+    return gpt_recipes.hf_weights(_hf_model())
+
+
+@once
 def _hf_generation(case: int) -> list[int]:
     """Hugging Face's generate with the script as its prefix_allowed_tokens_fn (seeded as the learner's side is)."""
     script, n, sampling, seed, *_ = GENERATIONS[case]
@@ -694,7 +700,7 @@ def _generation_label(n, sampling, use_cache) -> str:
 @cell("test_generate", parts={MASKED: 3, SAMPLED: 2, STOPPED: 2, DEAD: 1, CACHED: 1})
 def check_generate(constrained_generate):
     model = make("constrained.recording_gpt", *(GEN_SHAPE[k] for k in ("vocab_size", "block_size", "n_layer",
-                                                                         "n_head", "n_embd", "seed", "weight_std")))
+                                                                         "n_head", "n_embd")), _hf_weights())
     read: dict[int, list[int]] = {}  # case -> the positions each run of the model read
     for name in (MASKED, SAMPLED, STOPPED):
         with part(name):

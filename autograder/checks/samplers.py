@@ -935,8 +935,13 @@ def _beam_models(name: str):
 
 
 def _beam_model(name: str) -> Remote:
-    """The random GPT-2 ``name`` in the course's reference GPT, on the learner's side."""
-    return make("samplers.random_gpt", *_beam_recipe(name))
+    """The random GPT-2 ``name`` in the course's reference GPT, on the learner's side (its weights sent there)."""
+    return make("samplers.gpt", *BEAM_MODELS[name][:5], _beam_weights(name))
+
+
+@once
+def _beam_weights(name: str) -> dict:
+    return recipes.hf_weights(_beam_models(name)[1])
 
 
 def _hf_beams(hf, prompt, max_new_tokens, num_beams, length_penalty=1.0, eos_ids=(), hypotheses=1):

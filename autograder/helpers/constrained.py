@@ -61,13 +61,12 @@ class Scripted:
         return f"the script allows no token after {len(ids)} generated: the constraint can no longer be met"
 
 
-def recording_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
-                  weight_std: float):
-    """``samplers.random_gpt(...)`` that records how many positions each of its runs reads (what its embedding layer
-    is given: a whole sequence, or with chapter 7's cache the new token alone), for ``fed``."""
-    from autograder.helpers.samplers import random_gpt
+def recording_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, weights: dict):
+    """``samplers.gpt(...)`` that records how many positions each of its runs reads (what its embedding layer is
+    given: a whole sequence, or with chapter 7's cache the new token alone), for ``fed``."""
+    from autograder.helpers.samplers import gpt
 
-    model = random_gpt(vocab_size, block_size, n_layer, n_head, n_embd, seed, weight_std)
+    model = gpt(vocab_size, block_size, n_layer, n_head, n_embd, weights)
     model.positions_read = []
     model.emb.register_forward_pre_hook(lambda module, args: model.positions_read.append(int(args[0].shape[-1])))
     return model

@@ -4,14 +4,16 @@ generator), and a call that reports whether it changed its arguments in place (t
 side). No answers here: the judge computes those (Hugging Face's processors and ``generate`` on the same recipe,
 ``torch.multinomial`` with a generator of the same seed).
 
-This runs where ``minigpt.samplers`` and later chapters cannot be imported: torch, transformers (the notebook's own
-tests import it already), the course's reference of chapter 4 (``minigpt.transformer``) and the learner's objects.
+This runs where ``minigpt.samplers`` and later chapters cannot be imported: torch, the course's reference of chapter
+4 (``minigpt.transformer``) and the learner's objects. Not transformers, whose GPT-2 costs a notebook 2.7 s of CPU
+to import: the judge, which builds the random GPT-2 (``random_gpt2``), sends its weights, and ``gpt`` puts them in
+the course's GPT here.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["generator", "random_gpt", "run", "one_pass"]
+__all__ = ["generator", "gpt", "run", "one_pass"]
 
 
 def generator(seed: int) -> torch.Generator:
@@ -64,14 +66,27 @@ def random_gpt2(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_e
     return hf
 
 
-def random_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
-               weight_std: float):
-    """The course's reference GPT (chapter 4) holding the weights of ``random_gpt2(...)``, in eval mode."""
+def gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, weights: dict):
+    """The course's reference GPT (chapter 4) of this shape holding ``weights``, a Hugging Face GPT-2's tensors
+    (``hf_weights``), in eval mode."""
     from minigpt.transformer import GPT, GPTConfig, state_dict_from_hf
 
-    hf = random_gpt2(vocab_size, block_size, n_layer, n_head, n_embd, seed, weight_std)
     with torch.random.fork_rng(devices=[]):  # GPT's own initializer draws before the weights are loaded
         model = GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                               n_embd=n_embd))
-    model.load_state_dict(state_dict_from_hf(hf.state_dict()))
+    model.load_state_dict(state_dict_from_hf(dict(weights)))
     return model.eval()
+
+
+def hf_weights(hf) -> dict:
+    """The tensors of a Hugging Face GPT-2 that ``gpt`` needs (no LM head: it is tied to the token table)."""
+    return {name: tensor.detach().clone() for name, tensor in hf.state_dict().items()
+            if name != "lm_head.weight" and not name.endswith((".attn.bias", ".attn.masked_bias"))}
+
+
+def random_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
+               weight_std: float):
+    """The course's reference GPT (chapter 4) holding the weights of ``random_gpt2(...)``, in eval mode (the judge's
+    side: it imports transformers)."""
+    hf = random_gpt2(vocab_size, block_size, n_layer, n_head, n_embd, seed, weight_std)
+    return gpt(vocab_size, block_size, n_layer, n_head, n_embd, hf_weights(hf))
