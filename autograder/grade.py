@@ -27,6 +27,7 @@ it stopped. `--fresh` starts over.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -44,7 +45,7 @@ from autograder.base import DEFAULT_CELL_TIMEOUT, DEFAULT_COURSE_ROOT, DEFAULT_M
     NbgraderFailed, Result, Submission, UsageError, default_jobs, parse_size, warn
 from autograder.intake import check_chapters, check_student, class_submissions, course_chapters, exchange_receipt, \
     graded_chapters, notebook_submissions, read_notebook, read_submission, review_notes, sanitize, wrong_chapter
-from autograder.reports import Progress, format_table, workspace_results, write_feedback, write_reports, \
+from autograder.reports import FeedbackPages, Progress, format_table, workspace_results, write_reports, \
     withheld_because
 from autograder.run import JudgeFailed, fork_server, run_one, skipped_when_graded
 from autograder.scoring import assemble, cell_scores, read_result, record
@@ -109,8 +110,6 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
 
 def _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, verbose, sandboxed, checks,
            open_chapters, cluster) -> list[Result]:
-    from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
-
     for s in submissions:
         check_student(s.student)
         if s.path is not None and s.path.is_relative_to(workdir):
@@ -119,8 +118,22 @@ def _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, ver
     if cluster is None and any(s.path is not None for s in submissions):
         # The fork server loads torch, transformers and the checks (seconds) while nbgrader's steps and the intake
         # run: it returns at once, and the first judge waits for it (one learner's course: 42-43 s -> 38-39 s)
-        fork_server(chapters)
+        fork_server(shared_answers([s.chapter for s in submissions if s.path is not None]))
     ws = Workspace(workdir, course_root)
+    try:
+        return _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progress, verbose, sandboxed,
+                         checks, open_chapters, cluster)
+    except BaseException:
+        ws.close(abort=True)
+        raise
+    finally:
+        ws.close()
+
+
+def _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progress, verbose, sandboxed, checks,
+              open_chapters, cluster) -> list[Result]:
+    from nbgrader.api import Gradebook  # slow import: only once the command line is known to be good
+
     ws.open(chapters, fresh, verbose)
     release = {ch: ws.released(ch) for ch in chapters}  # each chapter's released notebook, read once
     released = {ch: ws.released_grade_ids(ch) for ch in chapters}
@@ -182,27 +195,31 @@ def _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, ver
             continue
         todo.append((s, digest, (data, receipt), prepared, notes))
 
-    graded: list[Submission] = []
+    pages = FeedbackPages(ws)
+
+    def page(s: Submission, r: Result, new: bool) -> None:
+        """Its feedback page: asked for as soon as a graded notebook's scores are recorded (made while the others
+        still run), withheld while an earlier chapter is open."""
+        r.withheld = withheld_because(r.chapter, open_chapters) if r.status == "graded" else ""
+        if r.withheld:
+            shutil.rmtree(feedback_path(ws.root, s.student, s.chapter).parent, ignore_errors=True)
+        elif r.status == "graded" and (new or not feedback_path(ws.root, s.student, s.chapter).is_file()):
+            pages.ask(s)
+
     try:
         for (s, digest, data, prepared, notes), outcome in runs(todo, release, limits, sandboxed, checks, jobs,
                                                                  cluster):
             r = settle(ws, s, prepared, outcome, data, Gradebook)
-            if r.status == "graded":
-                graded.append(s)
             r.review, r.isolation = notes, isolation
             finish(s, r, digest)
+            page(s, r, new=True)
     finally:
         bar.close()
     ordered = [results[s.student, s.chapter] for s in submissions]
-    pages = []
     for s, r in zip(submissions, ordered):
-        r.withheld = withheld_because(r.chapter, open_chapters) if r.status == "graded" else ""
-        if r.withheld:
-            shutil.rmtree(feedback_path(ws.root, s.student, s.chapter).parent, ignore_errors=True)
-        elif r.status == "graded" and (s in graded or not feedback_path(ws.root, s.student, s.chapter).is_file()):
-            pages.append(s)
-    if pages:
-        write_feedback(ws, pages, verbose)
+        if r.reused or r.status != "graded":  # the others' pages were asked for as they were graded
+            page(s, r, new=False)
+    pages.wait()
     for r in ordered:
         fb = feedback_path(ws.root, r.student, r.chapter)
         r.feedback = str(fb) if r.status == "graded" and fb.is_file() else None
@@ -216,7 +233,10 @@ def runs(todo: list, release: dict, limits: Limits, sandboxed: bool, checks: lis
     its ``RunOutcome`` (or raises ``JudgeFailed``)."""
     if not todo:
         return
-    chapters = sorted({s.chapter for s, *_ in todo})
+    chapters = shared_answers([s.chapter for s, *_ in todo])
+    # Later chapters first: they take longer (a course's chapter 9 takes three times chapter 1), and a batch whose
+    # longest notebook starts last ends with one core idle while it runs
+    todo = sorted(todo, key=lambda item: item[0].chapter, reverse=True)
     if cluster is not None:
         for item in todo:
             s, prepared = item[0], item[3]
@@ -232,6 +252,16 @@ def runs(todo: list, release: dict, limits: Limits, sandboxed: bool, checks: lis
                                skipped_when_graded(item[3], release[item[0].chapter])): item for item in todo}
         for future in concurrent.futures.as_completed(futures):
             yield futures[future], future.result
+
+
+def shared_answers(chapters: list[str]) -> list[str]:
+    """The chapters, among those of the notebooks about to be judged (one entry per notebook), whose checks' answers
+    the fork server computes ahead for all their judges (``run.fork_server``): those with two notebooks or more. A
+    chapter's only notebook gains nothing from them (its judge computes what it needs, as it needs it, beside the
+    other notebooks' runs), while the fork server's answers hold back every judge of the batch until they are
+    computed (a course's chapters 9 and 10: 5 s)."""
+    counts = collections.Counter(chapters)
+    return sorted(ch for ch, n in counts.items() if n >= 2)
 
 
 def reuse(ws: Workspace, s: Submission, digest: str, isolation: str) -> Result | None:

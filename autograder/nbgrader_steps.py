@@ -1,4 +1,6 @@
-"""Several nbgrader commands in one process: `python -m autograder.nbgrader_steps NONCE '<json list of argument lists>'`.
+"""Several nbgrader commands in one process: `python -m autograder.nbgrader_steps NONCE '<json list of argument lists>'`,
+or `python -m autograder.nbgrader_steps NONCE -` to read them one per line (a JSON list of arguments) from standard
+input as they come, until it closes: a grader keeps such a process for a whole batch (``workspace.NbgraderSession``).
 
 minigpt-grade runs nbgrader's own commands (generate_assignment, generate_feedback) on the instructor's side, never
 on learner code. Started one process each, a class's chapters pay nbgrader's start-up (its imports, its config)
@@ -39,7 +41,7 @@ def run_step(args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     nonce, steps = (sys.argv[1:] if argv is None else argv)
-    steps = json.loads(steps)
+    steps = (json.loads(line) for line in sys.stdin) if steps == "-" else json.loads(steps)
     worst = 0
     for i, args in enumerate(steps):
         start = time.monotonic()

@@ -17,8 +17,7 @@ from autograder import inert
 from autograder.base import ANSI_ESCAPE, Result, Submission, points, warn
 from autograder.intake import EXCHANGE_RECEIPT
 from autograder.run import HIDDEN_BLOCK
-from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path, log_tail, nbgrader_steps, \
-    submitted_path
+from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path, log_tail, submitted_path
 
 HIDDEN_NOTE = "# (hidden tests ran here; what they found is below)\n"
 
@@ -37,28 +36,37 @@ def feedback_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return inert.notebook(nb)
 
 
-def write_feedback(ws: Workspace, done: list[Submission], verbose: bool) -> None:
-    """nbgrader's feedback page of each graded submission, made from the learner's view of its notebook."""
-    for ch in sorted({s.chapter for s in done}):
-        for s in [s for s in done if s.chapter == ch]:
-            nb = nbformat.read(autograded_path(ws.root, s.student, ch), as_version=4)
-            dest = ws.root / "feedback-source" / s.student / ch / f"{ch}.ipynb"
-            if dest.parent.exists():
-                shutil.rmtree(dest.parent)
-            dest.parent.mkdir(parents=True)
-            nbformat.write(feedback_notebook(nb), dest)
-            for name in EXCHANGE_RECEIPT:  # generate_feedback copies them beside the page, for release_feedback
-                receipt = submitted_path(ws.root, s.student, ch).parent / name
-                if receipt.is_file():
-                    shutil.copyfile(receipt, dest.parent / name)
-    steps = []
-    for ch in sorted({s.chapter for s in done}):
-        students = sorted({s.student for s in done if s.chapter == ch})
-        args = ["generate_feedback", ch, "--force", "--CourseDirectory.autograded_directory=feedback-source"]
-        steps.append(args + (["--student", students[0]] if len(students) == 1 else []))
-    for args, (code, output) in zip(steps, nbgrader_steps(ws.root, steps, verbose=verbose)):
-        if code != 0:
-            warn(f"nbgrader generate_feedback {args[1]} failed (scores are unaffected):\n{log_tail(output)}")
+class FeedbackPages:
+    """nbgrader's feedback page of each graded submission, made from the learner's view of its notebook: ``ask``
+    for one as soon as its scores are recorded, and the workspace's nbgrader process makes it while other notebooks
+    are still running; ``wait`` for them all (a page that fails is said, its scores are unaffected)."""
+
+    def __init__(self, ws: Workspace):
+        self.ws, self.asked = ws, []
+
+    def ask(self, s: Submission) -> None:
+        ws, ch = self.ws, s.chapter
+        nb = nbformat.read(autograded_path(ws.root, s.student, ch), as_version=4)
+        dest = ws.root / "feedback-source" / s.student / ch / f"{ch}.ipynb"
+        if dest.parent.exists():
+            shutil.rmtree(dest.parent)
+        dest.parent.mkdir(parents=True)
+        nbformat.write(feedback_notebook(nb), dest)
+        for name in EXCHANGE_RECEIPT:  # generate_feedback copies them beside the page, for release_feedback
+            receipt = submitted_path(ws.root, s.student, ch).parent / name
+            if receipt.is_file():
+                shutil.copyfile(receipt, dest.parent / name)
+        args = ["generate_feedback", ch, "--force", "--CourseDirectory.autograded_directory=feedback-source",
+                "--student", s.student]
+        self.asked.append((args, ws.nbgrader().submit(args)))
+
+    def wait(self) -> None:
+        for args, index in self.asked:
+            code, output = self.ws.nbgrader().result(index)
+            if code != 0:
+                warn(f"nbgrader {' '.join(args[:2])} --student {args[-1]} failed (scores are unaffected):\n"
+                     f"{log_tail(output)}")
+        self.asked = []
 
 
 def learner_page(student: str, results: list[Result], root: Path) -> str:

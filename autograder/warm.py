@@ -2,7 +2,7 @@
 forks the judge processes from, so that each fork starts with torch, transformers and every chapter's checks
 already in memory (about 5 s of imports, paid once per grader process instead of once per notebook), and the answers
 that the checks of the chapters about to be graded compare every notebook with (their module's ``warm_up``; the
-chapters in ``run.WARM_ENV``)."""
+chapters in ``run.WARM_ENV``: those with two notebooks or more in the batch, ``grade.shared_answers``)."""
 import os
 import sys
 

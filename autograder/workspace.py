@@ -5,6 +5,7 @@ Only the grader writes here; no sandbox can see it. ``results/<student>/<chapter
 the hash of what it depends on, so a result is reused while nothing it depends on changed."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,41 +36,124 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def nbgrader_steps(workdir: Path, steps: list[list[str]], verbose: bool = False) -> list[tuple[int, str]]:
     """Several nbgrader commands in one process (autograder.nbgrader_steps: nbgrader's start-up paid once, not
-    once per command), one after the other; (exit code, output) of each, as split_steps reads them."""
+    once per command), one after the other; (exit code, output) of each."""
     if not steps:
         return []
-    start = time.monotonic()
-    nonce = secrets.token_hex(16)  # marks the end of each command: no line a command prints can pose as one
-    proc = subprocess.run([sys.executable, "-m", "autograder.nbgrader_steps", nonce, json.dumps(steps)],
-                          cwd=workdir, env=nbgrader_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    results = split_steps(proc.stdout, nonce, len(steps), proc.returncode)
-    logs = workdir / "logs"
-    logs.mkdir(exist_ok=True)
-    with open(logs / "nbgrader.log", "a") as f:
-        f.write(f"# {len(steps)} nbgrader commands in one process, {time.monotonic() - start:.1f} s\n")
-        for args, (code, text, seconds) in zip(steps, results):
+    with NbgraderSession(workdir, verbose) as session:
+        return session.run(steps)
+
+
+class NbgraderSession:
+    """One process that runs nbgrader's commands in ``workdir``, one after the other, as they are sent
+    (``python -m autograder.nbgrader_steps NONCE -``): a batch pays nbgrader's start-up (2 s) once, for the
+    assignments it generates first and for the feedback pages it makes while other notebooks are still running.
+    ``submit`` sends a command and returns at once; ``result`` waits for one's (exit code, output). Each command's
+    output is appended to ``logs/nbgrader.log`` as it ends. A process that dies fails the commands it did not end
+    (exit code -1, with what it printed last)."""
+
+    def __init__(self, workdir: Path, verbose: bool = False):
+        self.workdir, self.verbose = workdir, verbose
+        self.nonce = secrets.token_hex(16)  # marks the end of each command: no line a command prints can pose as one
+        self.sent: list[list[str]] = []
+        self.done: list[tuple[int, str, float]] = []
+        self.ended = threading.Condition()
+        self.dead = False
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        with open(workdir / "logs" / "nbgrader.log", "a") as f:
+            f.write("# nbgrader commands in one process\n")
+        self.proc = subprocess.Popen([sys.executable, "-m", "autograder.nbgrader_steps", self.nonce, "-"],
+                                     cwd=workdir, env=nbgrader_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.reader = threading.Thread(target=self._read, name="nbgrader output", daemon=True)
+        self.reader.start()
+
+    def __enter__(self) -> "NbgraderSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def submit(self, args: list[str]) -> int:
+        """Send one command (its arguments, as after ``nbgrader``); its index for ``result``."""
+        with self.ended:
+            self.sent.append(list(args))
+            index = len(self.sent) - 1
+        try:
+            self.proc.stdin.write(json.dumps(list(args)) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the process is gone: _read fails what it did not end
+            pass
+        return index
+
+    def result(self, index: int) -> tuple[int, str]:
+        """The (exit code, output) of command ``index``, once it has ended."""
+        with self.ended:
+            self.ended.wait_for(lambda: len(self.done) > index or self.dead)
+            if len(self.done) > index:
+                return self.done[index][:2]
+        return -1, "(the process that ran nbgrader's commands had ended)\n"
+
+    def run(self, steps: list[list[str]]) -> list[tuple[int, str]]:
+        """Send ``steps`` and wait for all of them: (exit code, output) of each."""
+        return [self.result(i) for i in [self.submit(args) for args in steps]]
+
+    def close(self) -> None:
+        """Let the commands sent end, then end the process."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        self.proc.wait()
+        self.reader.join()
+
+    def _read(self) -> None:
+        for code, text, seconds in command_ends(self.proc.stdout, self.nonce):
+            if code is not None:
+                self._end(code, text, seconds)
+                continue
+            # the process's last words, after its last command's end: each command it did not end fails with them
+            text += f"(the process that ran nbgrader's commands exited {self.proc.wait()})\n"
+            with self.ended:
+                missing = len(self.sent) - len(self.done)
+            for _ in range(missing):
+                self._end(-1, text, 0.0)
+        with self.ended:  # a command sent from now on fails at once
+            self.dead = True
+            self.ended.notify_all()
+
+    def _end(self, code: int, text: str, seconds: float) -> None:
+        with self.ended:
+            args = self.sent[len(self.done)] if len(self.done) < len(self.sent) else ["?"]
+            self.done.append((code, text, seconds))
+            self.ended.notify_all()
+        with open(self.workdir / "logs" / "nbgrader.log", "a") as f:
             f.write(f"$ nbgrader {' '.join(args)}  (exit {code}, {seconds:.1f} s)\n{text}\n")
-            if verbose:
-                sys.stderr.write(inert.terminal(text))
-    return [(code, text) for code, text, _ in results]
+        if self.verbose:
+            sys.stderr.write(inert.terminal(text))
 
 
-def split_steps(stdout: str, nonce: str, count: int, returncode: int) -> list[tuple[int, str, float]]:
-    """(exit code, output, seconds) of each of ``count`` commands from the output of autograder.nbgrader_steps;
-    a command the process did not get to (it died) gets exit code -1 and what the process printed last."""
+def command_ends(lines, nonce: str):
+    """(exit code, output, seconds) of each command, as its end is read from the lines autograder.nbgrader_steps
+    prints; last, (None, what it printed after its last command's end, 0.0)."""
     from autograder.nbgrader_steps import MARKER
 
     marker = re.compile(rf"{re.escape(MARKER)} {re.escape(nonce)} (\d+) exit (-?\d+) seconds ([\d.]+)\n?")
-    results, output = [], []
-    for line in stdout.splitlines(keepends=True):
+    output, count = [], 0
+    for line in lines:
         found = marker.fullmatch(line)
-        if found and int(found[1]) == len(results):
-            results.append((int(found[2]), "".join(output), float(found[3])))
-            output = []
+        if found and int(found[1]) == count:
+            yield int(found[2]), "".join(output), float(found[3])
+            output, count = [], count + 1
         else:
             output.append(line)
-    rest = "".join(output) + f"(the process that ran nbgrader's commands exited {returncode})\n"
-    return (results + [(-1, rest, 0.0)] * count)[:count]
+    yield None, "".join(output), 0.0
+
+
+def split_steps(stdout: str, nonce: str, count: int, returncode: int) -> list[tuple[int, str, float]]:
+    """(exit code, output, seconds) of each of ``count`` commands from the whole output of
+    autograder.nbgrader_steps; a command the process did not get to (it died) gets exit code -1 and what the
+    process printed last."""
+    *ended, (_, rest, _) = command_ends(stdout.splitlines(keepends=True), nonce)
+    rest += f"(the process that ran nbgrader's commands exited {returncode})\n"
+    return (ended + [(-1, rest, 0.0)] * count)[:count]
 
 
 def log_tail(text: str, lines: int = 15) -> str:
@@ -135,9 +220,26 @@ class Workspace:
         self.state_file = root / "workspace.json"
         self.sources: dict[str, str] = {}  # {chapter: hash of its solution folder and the grader}, set by open()
         self.db_url = f"sqlite:///{root / 'gradebook.db'}"
+        self.verbose = False
+        self._nbgrader: NbgraderSession | None = None
+
+    def nbgrader(self) -> NbgraderSession:
+        """The workspace's nbgrader process (started on first use, once the workspace is open), for the batch."""
+        if self._nbgrader is None:
+            self._nbgrader = NbgraderSession(self.root, self.verbose)
+        return self._nbgrader
+
+    def close(self, abort: bool = False) -> None:
+        """End the nbgrader process: once the commands sent have ended, or at once (``abort``)."""
+        if self._nbgrader is not None:
+            if abort:
+                self._nbgrader.proc.kill()
+            self._nbgrader.close()
+            self._nbgrader = None
 
     def open(self, chapters: list[str], fresh: bool, verbose: bool) -> None:
         check_workspace(self.root)
+        self.verbose = verbose
         state = self.read_state()
         if fresh or state.get("course_root") != str(self.course_root):
             if self.root.exists():
@@ -154,7 +256,7 @@ class Workspace:
             self.forget(changed)  # results of a chapter whose solution or grader changed are out of date
             copy_sources(self.root, self.course_root, changed)
             steps = [["generate_assignment", ch, "--force"] for ch in changed]
-            for ch, (code, output) in zip(changed, nbgrader_steps(self.root, steps, verbose=verbose)):
+            for ch, (code, output) in zip(changed, self.nbgrader().run(steps)):
                 if code != 0:
                     raise NbgraderFailed(f"nbgrader generate_assignment {ch} failed:\n{log_tail(output)}")
             sources.update(self.sources)

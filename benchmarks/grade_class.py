@@ -1,7 +1,8 @@
 """Grade a mixed class of chapter 1 and print the rate: python benchmarks/grade_class.py [--count 50]
 
 `--course` grades instead one learner's whole course: the right answer of every graded chapter, one notebook
-each, and prints each notebook's time next to the wall time of the batch (issue 16's measure).
+each, and prints each notebook's time next to the wall time of the batch (issues 16 and 30's measure);
+`--chapter NN-topic` (repeatable) keeps only those chapters.
 
 `--workers 1,2` grades the same class on a Dask cluster (`minigpt-grade --scheduler`) of each number of worker
 processes in turn (a LocalCluster on 127.0.0.1, one notebook at a time per worker), after the local pool, and
@@ -62,11 +63,12 @@ def mixed_class(folder: Path, count: int) -> dict[str, str]:
     return {student: kind for student, (kind, _) in chosen.items()}
 
 
-def whole_course(folder: Path) -> dict[str, str]:
-    """{chapter: kind} for one learner, "learner", who hands in the right answer of every graded chapter."""
+def whole_course(folder: Path, only: list[str] = ()) -> dict[str, str]:
+    """{chapter: kind} for one learner, "learner", who hands in the right answer of every graded chapter (or of
+    those of ``only``)."""
     import nbformat
 
-    chapters = intake.graded_chapters(ROOT)
+    chapters = [ch for ch in intake.graded_chapters(ROOT) if not only or ch in only]
     (folder / "learner").mkdir(parents=True)
     for chapter in chapters:
         nb = learner_notebook(chapter, {})
@@ -76,7 +78,7 @@ def whole_course(folder: Path) -> dict[str, str]:
 
 def course_main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        chapters = whole_course(Path(tmp) / "class")
+        chapters = whole_course(Path(tmp) / "class", args.chapter)
         out = Path(tmp) / "results.json"
         load = os.getloadavg()[0]
         start = time.monotonic()
@@ -161,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=base.default_jobs(), help="notebooks graded at once")
     parser.add_argument("--cell-timeout", type=int, default=30, help="seconds per cell (the loops wait this long)")
     parser.add_argument("--course", action="store_true", help="one learner's whole course instead of a class")
+    parser.add_argument("--chapter", action="append", default=[], metavar="NN-topic",
+                        help="with --course: only this chapter (repeatable)")
     parser.add_argument("--workers", metavar="N,N", help="also grade on Dask clusters of these numbers of workers")
     args = parser.parse_args(argv)
     if args.course:

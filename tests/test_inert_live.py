@@ -26,7 +26,7 @@ import pytest
 
 from autograder import intake, reports, scoring
 from autograder.base import Submission
-from autograder.workspace import Workspace, autograded_path, nbgrader_steps
+from autograder.workspace import Workspace, autograded_path
 from test_grading_tool import CHAPTER, demo_notebook
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def learner_markdown() -> str:
 def workspace(tmp_path_factory) -> Path:
     """A workspace in which "ada" and "control" handed in the demo chapter with the payloads in a markdown cell: ada's
     notebook recorded by scoring.record (the autograded notebook the formgrader shows) and her feedback made by
-    reports.write_feedback; control's the same, then put back as it was before cleaning, and its feedback made from
+    reports.FeedbackPages; control's the same, then put back as it was before cleaning, and its feedback made from
     that by the same nbgrader command."""
     required_tools()
     base = tmp_path_factory.mktemp("inert-live")
@@ -92,12 +92,16 @@ def workspace(tmp_path_factory) -> Path:
         prepared = intake.sanitize(intake.read_notebook(data), ws, s)
         scoring.record(ws, s, prepared, scoring.cell_scores(prepared, {}), data)  # nothing judged: the pages matter here
         done.append(s)
-    reports.write_feedback(ws, done, verbose=False)
+    pages = reports.FeedbackPages(ws)
+    for s in done:
+        pages.ask(s)
+    pages.wait()
     raw = intake.sanitize(intake.read_notebook(data), ws, s)  # control's (nbgrader's own sanitizing keeps markdown)
     nbformat.write(raw, autograded_path(ws.root, "control", CHAPTER))
     nbformat.write(raw, ws.root / "feedback-source" / "control" / CHAPTER / f"{CHAPTER}.ipynb")
-    [(code, output)] = nbgrader_steps(ws.root, [["generate_feedback", CHAPTER, "--force", "--student", "control",
-                                                       "--CourseDirectory.autograded_directory=feedback-source"]])
+    [(code, output)] = ws.nbgrader().run([["generate_feedback", CHAPTER, "--force", "--student", "control",
+                                            "--CourseDirectory.autograded_directory=feedback-source"]])
+    ws.close()
     assert code == 0, output
     return ws.root
 
