@@ -45,6 +45,13 @@ class FeedbackPages:
         self.ws, self.asked = ws, []
 
     def ask(self, s: Submission) -> None:
+        try:
+            self._ask(s)
+        except Exception as err:  # noqa: BLE001 (a page we cannot make costs that page alone, never the batch)
+            warn(f"the feedback page of {s.student} {s.chapter} could not be made ({type(err).__name__}: "
+                 f"{str(err)[:200]}); its scores are unaffected")
+
+    def _ask(self, s: Submission) -> None:
         ws, ch = self.ws, s.chapter
         nb = nbformat.read(autograded_path(ws.root, s.student, ch), as_version=4)
         dest = ws.root / "feedback-source" / s.student / ch / f"{ch}.ipynb"

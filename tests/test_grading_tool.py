@@ -228,6 +228,27 @@ def test_nbgrader_commands_share_one_process_and_keep_their_own_results(course, 
     assert "# nbgrader commands in one process" in log and f"$ nbgrader generate_assignment {CHAPTER} --force" in log
 
 
+def test_a_feedback_page_that_cannot_be_made_costs_that_page_alone(tmp_path, capsys):
+    """Pages are asked for while the batch still runs: one that fails (here, no autograded notebook) is said, and
+    the batch goes on; no nbgrader process is started for it."""
+    from autograder import reports
+
+    ws = workspace.Workspace(tmp_path, tmp_path)
+    pages = reports.FeedbackPages(ws)
+    pages.ask(base.Submission("ada", CHAPTER, tmp_path / "ada.ipynb"))
+    pages.wait()
+    assert pages.asked == [] and ws._nbgrader is None
+    assert "the feedback page of ada 99-demo could not be made (FileNotFoundError" in capsys.readouterr().err
+
+
+def test_a_command_for_an_nbgrader_process_that_died_fails_instead_of_waiting(tmp_path):
+    session = workspace.NbgraderSession(tmp_path)
+    session.proc.kill()
+    code, output = session.result(session.submit(["generate_assignment", CHAPTER, "--force"]))
+    assert code == -1 and ("exited -9" in output or "had ended" in output)
+    session.close()
+
+
 def test_a_line_printed_by_a_command_cannot_pose_as_the_end_of_a_command():
     """nbgrader's logs can hold text from a learner's notebook: a line shaped like the runner's marker, without the
     run's nonce, stays part of the command's output; a command the process never reached fails."""
