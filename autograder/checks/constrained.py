@@ -43,12 +43,19 @@ END = 50256
 # ---------------------------------------------------------------- the oracle: regex on every token
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str):
+    """``pattern`` compiled once (ASCII classes): the oracles try it on every token of GPT-2's vocabulary, and
+    ``regex.fullmatch(pattern, ...)`` pays the module's cache lookup at each call (half their time)."""
+    return regex.compile(pattern, flags=regex.ASCII)
+
+
 def full(pattern: str, text: str) -> bool:
-    return regex.fullmatch(pattern, text, flags=regex.ASCII) is not None
+    return _compiled(pattern).fullmatch(text) is not None
 
 
 def partial(pattern: str, text: str) -> bool:
-    return regex.fullmatch(pattern, text, flags=regex.ASCII, partial=True) is not None
+    return _compiled(pattern).fullmatch(text, partial=True) is not None
 
 
 @functools.lru_cache(maxsize=4096)
