@@ -84,7 +84,10 @@ def test_lr_at_is_nanogpts_schedule_and_lambdalr_follows_it(schedule):
 
 
 def test_train_step_is_one_adamw_step_on_the_clipped_gradient():
-    model, twin = tiny_gpt(1), tiny_gpt(1)
+    # In float64: Adam divides by |gradient| + 1e-8, so in float32 a gradient whose terms cancel down to about 1e-8
+    # moves a weight by lr / 1e-8 times its rounding error (1.7e-6 here between two correct losses, against the
+    # step's 1e-2); float64's rounding is 1e9 times smaller, far below that 1e-8
+    model, twin = tiny_gpt(1).double(), tiny_gpt(1).double()
     x, y = get_batch(stream(200), 4, TINY.block_size, torch.Generator().manual_seed(0))
     loss = train_step(model, make_optimizer(model, lr=1e-2), x, y, max_grad_norm=0.1)
     # by hand: the loss, its gradient, clipped to norm 0.1, one AdamW step
@@ -96,9 +99,10 @@ def test_train_step_is_one_adamw_step_on_the_clipped_gradient():
     for (name, p), g in zip(params.items(), grads):
         step = 1e-2 * (g * scale) / ((g * scale).abs() + 1e-8)  # Adam's first step: lr * sign, almost
         decay = 1e-2 * 0.1 * p.detach() if p.dim() >= 2 else 0.0
+        # a correct step is within 1e-13 (measured: 4e-15); a wrong one is off by about lr = 1e-2
         torch.testing.assert_close(dict(model.named_parameters())[name].detach(), p.detach() - decay - step,
-                                   atol=2e-6, rtol=1e-5, msg=name)
-    assert loss == pytest.approx(want.item(), abs=1e-6)
+                                   atol=1e-10, rtol=0, msg=name)
+    assert loss == pytest.approx(want.item(), abs=1e-12)  # a loss of about 4.6, summed from 64 float64 terms
 
 
 def test_estimate_loss_measures_without_gradients_and_gives_the_mode_back():

@@ -282,6 +282,7 @@ def check_estimate_loss(estimate_loss):
 def _check_mean(label: str, got, want: float, ours, ids, starts, batch_size) -> None:
     if not isinstance(got, (float, int)) or isinstance(got, bool):
         fail(f"{label} returned {show(got)}, expected a float", "return the mean loss as a float (.item())")
+    # a mean of float32 losses of about 4.6 (ulp 4.8e-7), over chunks summed in another order: a few ulps
     if not close(got, want, atol=1e-4, rtol=0):
         hint = ""
         plain_mean = _unweighted(ours, ids, starts, batch_size)
@@ -393,11 +394,17 @@ def _check_rate(lr_at, step: int, schedule: dict, want: float) -> None:
 STEP_CASES = [  # (model seed, batch seed, lr, max_grad_norm, steps in a row, model in training mode first)
     (20, 0, 1e-3, 1.0, 1, True), (21, 1, 3e-3, 0.05, 2, False), (22, 2, 1e-2, 1e9, 3, True),
 ]
+# The steps run in float64. AdamW divides by |gradient| + 1e-8: a gradient whose float32 terms cancel down to about
+# 1e-8 moves its weight by lr / 1e-8 times the rounding (1.5e-6 measured between two correct float32 losses, 7 times
+# under the 1e-5 the weights are compared to). float64's rounding, 1e9 times smaller, stays far below that 1e-8: a
+# correct step lands within 1e-13 of the reference's, a wrong one (no zeroing, no clipping) at least lr = 1e-3 away.
+STEP_DTYPE = "float64"
+STEP_WEIGHTS_ATOL = 1e-5
 
 
 def _reference_steps(seed, batches, lr, clip):
     with seeded(seed):
-        model = recipes.tiny_gpt(seed)
+        model = recipes.tiny_gpt(seed, dtype=STEP_DTYPE)
     optimizer = recipes.adamw(model, lr=lr)
     losses = [reference.train_step(model, optimizer, x, y, clip) for x, y in batches]
     return losses, recipes.parameters(model)
@@ -412,7 +419,7 @@ def check_train_step(train_step):
     with part(STEP_LOSS):
         for case in STEP_CASES:
             seed, batch_seed, lr, clip, n, training = case
-            model = make("training.Watched", make("training.tiny_gpt", seed))
+            model = make("training.Watched", make("training.tiny_gpt", seed, dtype=STEP_DTYPE))
             optimizer = make("training.adamw", model, lr)
             model.train(training)
             ids = _stream(400, batch_seed, vocab=97)
@@ -455,7 +462,7 @@ def _check_weights(label: str, model, optimizer, seed, batches, lr, n: int, want
         theirs = params.get(f"model.{key}", params.get(key))
         if not isinstance(theirs, torch.Tensor) or theirs.shape != value.shape:
             fail(f"{label}: the model's parameter {key} is missing or changed shape")
-        if close(_comparable(key, theirs), _comparable(key, value), atol=1e-5, rtol=0):
+        if close(_comparable(key, theirs), _comparable(key, value), atol=STEP_WEIGHTS_ATOL, rtol=0):
             continue
         lrs = optimizer.lrs
         hint = "forward, loss, zero the gradients, backward, clip_grad_norm_(model.parameters(), max_grad_norm), step"
@@ -469,9 +476,11 @@ def _check_weights(label: str, model, optimizer, seed, batches, lr, n: int, want
 
 def _comparable(key: str, value: torch.Tensor) -> torch.Tensor:
     """The part of a parameter that a correct step fixes. The keys' bias (the middle third of c_attn.bias) gets no
-    gradient in exact arithmetic: it adds q . b_k to every score of a query, which the softmax ignores. Its float32
-    gradient is rounding noise, which AdamW scales up to steps of a fair fraction of lr, so a correct loss that rounds
-    differently (log_softmax and gather) moves it by up to about 1e-5 in three steps; it is left out."""
+    gradient in exact arithmetic: it adds q . b_k to every score of a query, which the softmax ignores. Its gradient
+    is rounding noise, which AdamW scales up to steps of a fair fraction of lr wherever that noise is above AdamW's
+    eps (1e-8): in float32 a correct loss that rounds differently (log_softmax and gather) moves it by 1.2e-5 in
+    three steps. In float64 (STEP_DTYPE) the noise is under eps; it is left out still, for a loss computed in
+    float32 inside."""
     if key.endswith("attn.c_attn.bias"):
         n_embd = value.shape[0] // 3
         value = torch.cat([value[:n_embd], value[2 * n_embd:]])
@@ -482,7 +491,8 @@ def _unclipped_matches(seed, batches, lr, params) -> bool:
     _, unclipped = _reference_steps(seed, batches, lr, 1e9)
     theirs = {k: params.get(f"model.{k}", params.get(k)) for k in unclipped}
     return all(isinstance(theirs[k], torch.Tensor) and theirs[k].shape == v.shape
-               and close(_comparable(k, theirs[k]), _comparable(k, v), atol=1e-5, rtol=0) for k, v in unclipped.items())
+               and close(_comparable(k, theirs[k]), _comparable(k, v), atol=STEP_WEIGHTS_ATOL, rtol=0)
+               for k, v in unclipped.items())
 
 
 # ---------------------------------------------------------------- train
@@ -529,6 +539,8 @@ def check_train(train):
                 fail(f"{label} returned {show(log)}, expected a dict with 'losses' and 'evals'")
             ran.append((label, case, optimizer, recorder, log, want, our_recorder))
             losses = log["losses"]
+            # losses of about 4.6 in float32: the weights' rounding that AdamW amplifies (STEP_DTYPE) moves a loss
+            # by its gradient times that, 4.8e-7 measured after 7 steps with another correct loss; mistakes 1e-3 on
             if not close(losses, want["losses"], atol=1e-4, rtol=0):
                 hint = because_of(**uses) or "draw each batch with get_batch(train_ids, batch_size, " \
                     "model.config.block_size, generator), then train_step"

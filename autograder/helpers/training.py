@@ -17,14 +17,15 @@ def generator(seed: int) -> torch.Generator:
 
 
 def tiny_gpt(seed: int, vocab_size: int = 97, block_size: int = 16, n_layer: int = 2, n_head: int = 2,
-             n_embd: int = 24):
-    """A small GPT of chapter 4 with weights drawn from ``seed`` (the caller's random state is left as it was)."""
+             n_embd: int = 24, dtype: str = "float32"):
+    """A small GPT of chapter 4 with weights drawn from ``seed`` (the caller's random state is left as it was), its
+    parameters in ``dtype`` ("float32" or "float64")."""
     from minigpt.transformer import GPT, GPTConfig
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                             n_embd=n_embd))
+                             n_embd=n_embd)).to({"float32": torch.float32, "float64": torch.float64}[dtype])
 
 
 def Watched(model):

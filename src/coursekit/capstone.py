@@ -591,9 +591,12 @@ def check_training(probe: Probe, o: Oracle) -> str:
 
     config = GPT2Config(vocab_size=o.config.vocab_size, n_positions=16, n_embd=32, n_layer=1, n_head=2,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    # In float64: AdamW divides by |gradient| + 1e-8, so a float32 gradient that is rounding noise (the keys' bias
+    # gets none in exact arithmetic) moves its weight by up to lr = 1e-3, past ATOL; float64's noise stays far below
+    # 1e-8 (a correct step agrees to 1e-13 measured, 3e-6 in float32)
     with torch.random.fork_rng(devices=[]), quiet_transformers():
         torch.manual_seed(0)
-        theirs = GPT2LMHeadModel(config)
+        theirs = GPT2LMHeadModel(config).double()
     yours = copy.deepcopy(theirs)
     x, y = window[:32].view(2, 16), window[1:33].view(2, 16)
     opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-3)
