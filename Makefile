@@ -18,8 +18,10 @@ unexport MPLBACKEND
 
 .PHONY: course test lab test-fast env notebooks bench bench-grading model recorded clean system-packages student-release hub-tools
 
+# A failed build ends with each failing page, its cell's line and the error (tools/build_failures.py).
 course: $(STAMP)
-	$(BIN)/jupyter-book build --all -W --keep-going .
+	@start=$$(date +%s); $(BIN)/jupyter-book build --all -W --keep-going . \
+	  || { $(BIN)/python tools/build_failures.py --since $$start; exit 1; }
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
 # The whole suite on two workers, one test file each at a time, the longest files first (tests/conftest.py:

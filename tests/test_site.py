@@ -50,10 +50,14 @@ def site() -> Path:
         TIKTOKEN_CACHE_DIR=str(ROOT / "src" / "coursekit" / "data" / "tiktoken"),
         HF_HUB_OFFLINE="1",
     )
+    start = time.time()
     result = subprocess.run(
         build_command(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
     )
-    assert result.returncode == 0, f"book build failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    if result.returncode != 0:  # the failing pages' errors first (as `make course` says them), then the build's log
+        why = subprocess.run([sys.executable, str(ROOT / "tools" / "build_failures.py"), "--since", str(start)],
+                             capture_output=True, text=True).stderr
+        pytest.fail(f"book build failed:{why}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}", pytrace=False)
     return HTML
 
 
