@@ -68,3 +68,12 @@ def test_the_code_a_reader_can_open_fits_the_text_column(page):
     wide = [(line + 1 + n, code.strip()[:60]) for line, source in openable
             for n, code in enumerate(source.splitlines()) if len(code) > COLUMN]
     assert not wide, f"{page.name}: lines longer than {COLUMN} characters in cells the reader can open: {wide}"
+
+
+def test_the_clocks_of_a_numbers_only_run_take_one_round_and_assert_no_time(monkeypatch):
+    from coursekit import clocks
+
+    monkeypatch.delenv(clocks.ENV, raising=False)
+    assert clocks.rounds(15) == 15 and clocks.timed(True) and not clocks.timed(False)
+    monkeypatch.setenv(clocks.ENV, "off")
+    assert clocks.rounds(15) == 1 and clocks.timed(False)

@@ -169,8 +169,16 @@ def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs) -
         fail(f"{label} returned {show(got)}, expected {show(want)}", hint)
 
 
-def expect_close(fn, *args, want, atol: float = 1e-5, rtol: float = 1e-5, hint: str = "", name: str | None = None,
-                 **kwargs) -> None:
+# The default tolerance of expect_close and close: float32 values of magnitude up to about 10 from a few chained
+# layers of short sums (tens of terms), each rounding by about sqrt(terms) * magnitude * 6e-8; the differences
+# between correct ways and between CPUs' kernels measured stay under a fifth of it (2.2e-6 at 6.8), and the mistakes
+# the tests must catch are off by 1e-3 or more. A comparison outside that regime (larger values, more terms, float64,
+# exact results) gives its own.
+DEFAULT_ATOL = DEFAULT_RTOL = 1e-5
+
+
+def expect_close(fn, *args, want, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, hint: str = "",
+                 name: str | None = None, **kwargs) -> None:
     """Check that ``fn(*args, **kwargs)`` is a tensor of ``want``'s shape and dtype, equal to it within
     ``atol + rtol * |want|`` everywhere; on failure say where it differs most, by how much, and the hint."""
     import torch
@@ -195,7 +203,7 @@ def expect_close(fn, *args, want, atol: float = 1e-5, rtol: float = 1e-5, hint: 
              f"{atol:g} + {rtol:g} * |expected|)", hint)
 
 
-def close(got, want, *, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
+def close(got, want, *, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> bool:
     """Whether ``got`` equals ``want`` within ``atol + rtol * |want|`` everywhere: numbers, tensors, arrays or lists
     of numbers, of the same shape. NaN and infinities match only where ``want`` holds the same value in the same
     place. Every comparison with NaN is false, so a test written ``abs(got - want) > tol`` passes a NaN: checks
@@ -245,20 +253,20 @@ def fail(message: str, hint: str = ""):
 
 
 @contextlib.contextmanager
-def isolated():
-    """Run a check (``@isolated()``) or a block (``with isolated():``) on one CPU thread, with torch's random
-    generator forked: afterwards the caller's thread setting and random state are as they were. A check runs in
-    the learner's kernel, between the learner's cells, and must change nothing they compute next; and the
+def isolated(threads: int = 1):
+    """Run a check (``@isolated()``) or a block (``with isolated():``) on one CPU thread (or ``threads``), with torch's
+    random generator forked: afterwards the caller's thread setting and random state are as they were. A check runs
+    in the learner's kernel, between the learner's cells, and must change nothing they compute next; and the
     course's tensors are small: on a busy machine, torch's threads mostly wait on each other."""
     import torch
 
-    threads = torch.get_num_threads()
+    own = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
         try:
             yield
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(own)
 
 
 _quiet_lock = threading.Lock()

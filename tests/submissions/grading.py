@@ -39,10 +39,12 @@ import pytest
 
 import minigpt
 
-from autograder import base, intake, sandbox, scoring, workspace
+from autograder import base, hidden, intake, sandbox, scoring, workspace
 from autograder.judge import RunJudge
 from autograder.run import (RunOutcome, blocked_modules, executed_outputs, judged_cells, skipped_when_graded,
                              solution_cell_names)
+
+from kernel_paths import OTHER, describe
 
 from . import Mutant, Variant, apply_edits, graded_notebook, learner_notebook, solution_ids
 
@@ -65,8 +67,9 @@ class WarmKernel:
     ``minigpt-grade`` uses. A learner side that dies or runs past the notebook's time limit is started again for
     the next submission."""
 
-    def __init__(self, chapter: str):
+    def __init__(self, chapter: str, path: tuple[str, int] | None = None):
         self.chapter = chapter
+        self.path = path  # (ATEN_CPU_CAPABILITY, torch threads) of another kernel path (kernel_paths.OTHER); None: own
         self.folder = Path(tempfile.mkdtemp(prefix="mg-warm-"))  # short: a socket's path has at most 107 bytes
         blocked = blocked_modules(chapter)
         reference = Path(minigpt.__file__).resolve().parent  # where the sandbox puts its stubs
@@ -93,7 +96,10 @@ class WarmKernel:
             "MPLCONFIGDIR": str(self.folder / "matplotlib"), "JUPYTER_RUNTIME_DIR": str(self.folder / "runtime"),
             "IPYTHONDIR": str(self.folder / "ipython"), "OMP_NUM_THREADS": "1", "NBGRADER_EXECUTION": "autograde",
             "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-        }
+        } | ({} if self.path is None else {
+            "ATEN_CPU_CAPABILITY": self.path[0], "OMP_NUM_THREADS": str(self.path[1]),
+            "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],  # tests/conftest.py: idle threads sleep
+            hidden.CHECK_THREADS_ENV: str(self.path[1])})
 
     def start(self) -> None:
         with open(self.folder / "kernel.log", "ab") as log:
@@ -195,13 +201,14 @@ def judge_submission(kernel: WarmKernel, student: str, submitted: nbformat.Noteb
 
 
 @contextlib.contextmanager
-def warm_kernel(chapter: str):
-    """A chapter's warm kernel, and this process as a judge process is (one torch thread: the checks are small)."""
+def warm_kernel(chapter: str, path: tuple[str, int] | None = None):
+    """A chapter's warm kernel, and this process as a judge process is (one torch thread: the checks are small; on
+    another kernel path, its thread count)."""
     from coursekit.testing import isolated
 
-    kernel = WarmKernel(chapter)
+    kernel = WarmKernel(chapter, path)
     try:
-        with isolated():
+        with isolated(threads=1 if path is None else path[1]):
             yield kernel
     finally:
         kernel.close()
@@ -264,6 +271,15 @@ def expect_mutant(result: base.Result, mutant: Mutant) -> None:
 def expect_variant(result: base.Result, variant: Variant) -> None:
     expect_graded(result)
     assert result.score == result.max_score and result.lost == [], f"{variant.name}: {summary(result)}"
+
+
+@contextlib.contextmanager
+def naming(where: str):
+    """A failed expectation says ``where`` it failed first (e.g. the kernel path)."""
+    try:
+        yield
+    except AssertionError as err:
+        raise AssertionError(f"{where}: {err}") from None
 
 
 # ---------------------------------------------------------------- results one test file leaves for another
@@ -334,6 +350,15 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
                 return results[key]
             yield get
 
+    @pytest.fixture(scope="module")
+    def graded_on_another_path():
+        """graded_on_another_path(case) -> the case's result, graded in a warm kernel on ``kernel_paths.OTHER``."""
+        with warm_kernel(chapter, OTHER) as kernel:
+            yield lambda case: judge_submission(kernel, case if isinstance(case, str) else case.key,
+                                                submission(ch, case))
+
+    on_path = f"on {describe(*OTHER)} (the judge on this machine's own kernels, {OTHER[1]} threads)"
+
     @slow
     def test_reference_answer_gets_full_marks(graded):
         expect_reference(graded("reference"))
@@ -357,4 +382,15 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
         count_graded(chapter, "variant", key)
         expect_variant(graded(variants[key]), variants[key])
 
-    return {name: obj for name, obj in locals().items() if name == "graded" or name.startswith("test_")}
+    @slow
+    def test_reference_answer_gets_full_marks_on_another_kernel_path(graded_on_another_path):
+        with naming(on_path):
+            expect_reference(graded_on_another_path("reference"))
+
+    @slow
+    @pytest.mark.parametrize("key", variants)
+    def test_different_correct_answer_gets_full_marks_on_another_kernel_path(graded_on_another_path, key):
+        with naming(on_path):
+            expect_variant(graded_on_another_path(variants[key]), variants[key])
+
+    return {name: obj for name, obj in locals().items() if name.startswith(("graded", "test_"))}

@@ -1,0 +1,38 @@
+"""Another of torch's kernel paths for the suite's numeric assertions (DESIGN.md, invariant 11).
+
+torch picks its CPU kernels by ``ATEN_CPU_CAPABILITY`` (``default``, ``avx2``, ``avx512``: the best the CPU has unless
+told) and splits large operations over its threads, and the last bits of a float32 result follow both. The suite runs
+every numeric assertion on the machine's own path, and the assertions a learner or a reader meets again on ``OTHER``'s
+capability, the portable kernels. A tolerance that only held by one CPU's luck fails on one of the two.
+
+- The pages: each chapter page's cells, build-time assertions included, executed again with the portable kernels on
+  one thread (``tests/test_kernel_paths.py``); the book build runs them on the machine's own, pages 1 to 4 on every
+  core, the others on one thread.
+- The learners' side: the reference answer and every correct variant of each chapter graded again in a warm kernel on
+  ``OTHER`` (``tests/submissions/grading.py``), the portable kernels on two threads: their visible tests, which compare
+  with Hugging Face's answers recorded on another machine (``coursekit.recorded``), and the learner side of every
+  hidden check; the judge, in the test process, stays on the machine's own kernels with two threads, so each hidden
+  check compares answers computed on two different paths, a harder test than a grading machine's, where both sides
+  share one CPU. The chapters' own run grades the same notebooks on the machine's kernels, one thread a side.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+# Each a pair: the capability and the thread count of the other path. "default" is the portable kernel every x86-64
+# CPU runs; the machine's own is avx2 or avx512 on any CPU of the last ten years.
+OTHER = ("default", 2)
+
+
+def own_capability() -> str:
+    """The capability torch picks on this machine by itself (``AVX2``, ``AVX512`` or ``DEFAULT``)."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    return subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def describe(capability: str, threads: int) -> str:
+    """How a failure names the path it failed on: 'ATEN_CPU_CAPABILITY=default, 2 torch threads'."""
+    return f"ATEN_CPU_CAPABILITY={capability}, {threads} torch thread{'s' if threads != 1 else ''}"
