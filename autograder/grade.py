@@ -30,6 +30,7 @@ import argparse
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -43,19 +44,63 @@ import nbformat
 from autograder import sandbox
 from autograder.base import DEFAULT_CELL_TIMEOUT, DEFAULT_COURSE_ROOT, DEFAULT_MEMORY, DEFAULT_TIMEOUT, Limits, \
     NbgraderFailed, Result, Submission, UsageError, default_jobs, parse_size, warn
+from autograder.inert import terminal_logging
 from autograder.intake import check_chapters, check_student, class_submissions, course_chapters, exchange_receipt, \
-    graded_chapters, notebook_submissions, read_notebook, read_submission, review_notes, sanitize, wrong_chapter
+    graded_chapters, malformed, notebook_submissions, read_notebook, read_submission, review_notes, sanitize, \
+    wrong_chapter
 from autograder.reports import FeedbackPages, Progress, format_table, workspace_results, write_reports, \
     withheld_because
 from autograder.run import JudgeFailed, fork_server, run_one, skipped_when_graded
 from autograder.scoring import assemble, cell_scores, read_result, record
 from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path
 
+
+def step_failed(s: Submission, step: str, err: BaseException) -> Result:
+    """The row of a submission at one of whose steps (its intake, its scoring, its feedback page...) the grader
+    raised: an ``error``, graded again on the next run; the traceback goes to the grader's log (escaped, ``warn``).
+    Called in the step's ``except``."""
+    warn(f"{s.student} {s.chapter}: the grader failed at its {step}:\n{traceback.format_exc()}")
+    return Result(s.student, s.chapter, "error",
+                  detail=f"the grader failed at its {step} ({type(err).__name__}; see the grader's log)")
+
+
+def intake(ws: Workspace, s: Submission, release: nbformat.NotebookNode, released: dict[str, str],
+           others: dict[str, set[str]], isolation: str) -> tuple[Result | tuple, str | None]:
+    """A submission's intake, in the grader's process: (its row, where intake tells it all, or what to run: the item
+    ``runs`` takes; the digest its result is recorded under). ``release``, ``released``: its chapter's released
+    notebook and {grade id: source} of it; ``others``: the grade ids of the other chapters."""
+    data = read_submission(s.path)
+    if isinstance(data, str):
+        return Result(s.student, s.chapter, "unreadable", detail=data), None
+    found, receipt, receipt_note = exchange_receipt(s)
+    # a notebook handed in again through the exchange is a new submission (a new secret): graded again, so that
+    # its feedback is released under its own receipt
+    digest = hashlib.sha256(data + b"".join(found[name] for name in sorted(found))).hexdigest()
+    cached = reuse(ws, s, digest, isolation)
+    if cached is not None:
+        return cached, digest
+    nb = read_notebook(data)
+    if isinstance(nb, str):
+        return Result(s.student, s.chapter, "unreadable", detail=nb), digest
+    why = malformed(nb)  # (before anything reads a cell)
+    if why:
+        return Result(s.student, s.chapter, "unreadable", detail=why), digest
+    why = wrong_chapter(nb, released, others)
+    if why:
+        return Result(s.student, s.chapter, "wrong-notebook", detail=why), digest
+    notes = review_notes(nb, release, s.chapter) + ([receipt_note] if receipt_note else [])
+    try:
+        prepared = sanitize(nb, ws, s, released)
+    except Exception as err:  # noqa: BLE001 (nbgrader refuses what it cannot read)
+        return Result(s.student, s.chapter, "unreadable", detail=f"nbgrader cannot grade it: {err}"[:300]), digest
+    return (s, digest, (data, receipt), prepared, notes, skipped_when_graded(prepared, release)), digest
+
+
 def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, outcome, data, Gradebook) -> Result:
     """One notebook's row once its judge process is done (``outcome()`` gives its ``RunOutcome``): its scores
     recorded (in this process alone, which writes the gradebook), or an ``error`` row that says what went wrong.
     Whatever goes wrong here (the judge process, its result, the writing of this notebook's files) costs this
-    notebook alone, and is graded again on the next run."""
+    notebook alone, and is graded again on the next run (``step_failed``)."""
     seconds = None
     try:
         run = outcome()
@@ -75,9 +120,7 @@ def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, outcom
     except JudgeFailed as err:
         r = Result(s.student, s.chapter, "error", detail=f"its judge stopped: {err}")
     except Exception as err:  # noqa: BLE001 (a bug of ours, or a result we cannot write: this notebook's row)
-        warn(f"{s.student} {s.chapter}: {traceback.format_exc()}")
-        r = Result(s.student, s.chapter, "error",
-                   detail=f"the grader could not record it ({type(err).__name__}; see the grader's log)")
+        r = step_failed(s, "scoring", err)
     r.seconds = seconds
     return r
 
@@ -91,7 +134,8 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     code then runs with the grader's rights: every row says so). ``checks``: modules of checks of the course's own,
     imported by each notebook's judge. ``open_chapters``: chapters still open (see ``withheld_because``).
     ``scheduler``: a Dask scheduler's address, whose workers run and judge the notebooks (``autograder.cluster``);
-    by default they run here, ``jobs`` at once."""
+    by default they run here, ``jobs`` at once. Meanwhile this process's log records and warnings, which may quote a
+    learner's text, reach the terminal escaped (``inert.terminal_logging``)."""
     if scheduler is None and sandboxed and (why := sandbox.missing()):
         raise UsageError(f"cannot grade in a sandbox: {why}. Install it, or grade without isolation with "
                          "--no-sandbox (only for notebooks you trust)")
@@ -101,8 +145,9 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
 
         cluster = ClusterPool(scheduler, sandboxed)
     try:
-        return _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, verbose, sandboxed, checks,
-                      open_chapters, cluster)
+        with terminal_logging():
+            return _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, verbose, sandboxed,
+                          checks, open_chapters, cluster)
     finally:
         if cluster is not None:
             cluster.close()
@@ -147,7 +192,8 @@ def _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progr
         max_of = {ch: gb.find_assignment(ch).max_score for ch in chapters}
 
     results: dict[tuple[str, str], Result] = {}
-    todo: list[tuple[Submission, str, tuple[bytes, dict[str, bytes]], nbformat.NotebookNode, list[str]]] = []
+    # (submission, digest, (its bytes, its receipt), the sanitized notebook, review notes, cells not run)
+    todo: list[tuple[Submission, str, tuple[bytes, dict[str, bytes]], nbformat.NotebookNode, list[str], list[int]]] = []
     bar = Progress(len(submissions), progress)
     isolation = "sandbox" if sandboxed else "none"
 
@@ -165,50 +211,33 @@ def _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progr
         if s.path is None:
             finish(s, Result(s.student, s.chapter, "missing", detail="no notebook handed in"), None)
             continue
-        data = read_submission(s.path)
-        if isinstance(data, str):
-            finish(s, Result(s.student, s.chapter, "unreadable", detail=data), None)
-            continue
-        found, receipt, receipt_note = exchange_receipt(s)
-        # a notebook handed in again through the exchange is a new submission (a new secret): graded again, so that
-        # its feedback is released under its own receipt
-        digest = hashlib.sha256(data + b"".join(found[name] for name in sorted(found))).hexdigest()
-        cached = reuse(ws, s, digest, isolation)
-        if cached is not None:
-            finish(s, cached, digest)
-            continue
-        nb = read_notebook(data)
-        if isinstance(nb, str):
-            finish(s, Result(s.student, s.chapter, "unreadable", detail=nb), digest)
-            continue
-        others = {ch: ids for ch, ids in all_ids.items() if ch != s.chapter}
-        why = wrong_chapter(nb, released[s.chapter], others)
-        if why:
-            finish(s, Result(s.student, s.chapter, "wrong-notebook", detail=why), digest)
-            continue
-        notes = review_notes(nb, release[s.chapter], s.chapter) + ([receipt_note] if receipt_note else [])
-        try:
-            prepared = sanitize(nb, ws, s)
-        except Exception as err:  # noqa: BLE001 (nbgrader refuses what it cannot read)
-            finish(s, Result(s.student, s.chapter, "unreadable", detail=f"nbgrader cannot grade it: {err}"[:300]),
-                   digest)
-            continue
-        todo.append((s, digest, (data, receipt), prepared, notes))
+        try:  # the fence of this submission's intake: whatever it raises is its row
+            admitted, digest = intake(ws, s, release[s.chapter], released[s.chapter],
+                                      {ch: ids for ch, ids in all_ids.items() if ch != s.chapter}, isolation)
+        except Exception as err:  # noqa: BLE001
+            admitted, digest = step_failed(s, "intake", err), None
+        if isinstance(admitted, Result):
+            finish(s, admitted, digest)
+        else:
+            todo.append(admitted)
 
     pages = FeedbackPages(ws)
 
     def page(s: Submission, r: Result, new: bool) -> None:
         """Its feedback page: asked for as soon as a graded notebook's scores are recorded (made while the others
-        still run), withheld while an earlier chapter is open."""
-        r.withheld = withheld_because(r.chapter, open_chapters) if r.status == "graded" else ""
-        if r.withheld:
-            shutil.rmtree(feedback_path(ws.root, s.student, s.chapter).parent, ignore_errors=True)
-        elif r.status == "graded" and (new or not feedback_path(ws.root, s.student, s.chapter).is_file()):
-            pages.ask(s)
+        still run), withheld while an earlier chapter is open. A page that cannot be made costs that page alone."""
+        try:
+            r.withheld = withheld_because(r.chapter, open_chapters) if r.status == "graded" else ""
+            if r.withheld:
+                shutil.rmtree(feedback_path(ws.root, s.student, s.chapter).parent, ignore_errors=True)
+            elif r.status == "graded" and (new or not feedback_path(ws.root, s.student, s.chapter).is_file()):
+                pages.ask(s)
+        except Exception:  # noqa: BLE001
+            warn(f"{s.student} {s.chapter}: the grader failed at its feedback page (its scores are unaffected):\n"
+                 f"{traceback.format_exc()}")
 
     try:
-        for (s, digest, data, prepared, notes), outcome in runs(todo, release, limits, sandboxed, checks, jobs,
-                                                                 cluster):
+        for (s, digest, data, prepared, notes, _), outcome in runs(todo, limits, sandboxed, checks, jobs, cluster):
             r = settle(ws, s, prepared, outcome, data, Gradebook)
             r.review, r.isolation = notes, isolation
             finish(s, r, digest)
@@ -227,10 +256,10 @@ def _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progr
     return ordered
 
 
-def runs(todo: list, release: dict, limits: Limits, sandboxed: bool, checks: list[str], jobs: int | None, cluster):
-    """Run and judge each notebook of ``todo`` (its submission first), here or on a Dask cluster
+def runs(todo: list, limits: Limits, sandboxed: bool, checks: list[str], jobs: int | None, cluster):
+    """Run and judge each notebook of ``todo`` (items of ``intake``), here or on a Dask cluster
     (``cluster``: an ``autograder.cluster.ClusterPool``); yield each item as its run ends, with a function that gives
-    its ``RunOutcome`` (or raises ``JudgeFailed``)."""
+    its ``RunOutcome`` (or raises: ``JudgeFailed``, or what stopped the notebook from being sent)."""
     if not todo:
         return
     chapters = shared_answers([s.chapter for s, *_ in todo])
@@ -238,20 +267,32 @@ def runs(todo: list, release: dict, limits: Limits, sandboxed: bool, checks: lis
     # longest notebook starts last ends with one core idle while it runs
     todo = sorted(todo, key=lambda item: item[0].chapter, reverse=True)
     if cluster is not None:
+        unsent = []
         for item in todo:
-            s, prepared = item[0], item[3]
-            cluster.submit(item, chapters, s.chapter, nbformat.writes(prepared), dataclasses.asdict(limits),
-                           sandboxed, checks, skipped_when_graded(prepared, release[s.chapter]))
+            s, prepared, skip = item[0], item[3], item[5]
+            try:
+                cluster.submit(item, chapters, s.chapter, nbformat.writes(prepared), dataclasses.asdict(limits),
+                               sandboxed, checks, skip)
+            except Exception as err:  # noqa: BLE001 (this notebook's row: settle says what it was)
+                warn(f"{s.student} {s.chapter}: the grader failed to send it:\n{traceback.format_exc()}")
+                failed = JudgeFailed(f"it could not be sent to the cluster ({type(err).__name__}; "
+                                     "see the grader's log)")
+                unsent.append((item, functools.partial(_raise, failed)))
+        yield from unsent
         yield from cluster.completed()
         return
     jobs = jobs or default_jobs()
     fork_server(chapters)
     threads = max(1, default_jobs() // min(jobs, len(todo)))  # each notebook's share of the cores
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_one, item[0].chapter, item[3], limits, sandboxed, threads, checks,
-                               skipped_when_graded(item[3], release[item[0].chapter])): item for item in todo}
+        futures = {pool.submit(run_one, item[0].chapter, item[3], limits, sandboxed, threads, checks, item[5]): item
+                   for item in todo}
         for future in concurrent.futures.as_completed(futures):
             yield futures[future], future.result
+
+
+def _raise(err: BaseException):
+    raise err
 
 
 def shared_answers(chapters: list[str]) -> list[str]:

@@ -19,19 +19,30 @@ for its reader, never instructions:
   stays text for MathJax (loaded by those templates in its Safe mode). Rendering first and cleaning the result,
   rather than escaping raw HTML in the markdown, means no guess about where markdown keeps a ``<`` as code and where
   it makes a tag: the sanitizer sees the very markup a browser would get. A cell already cleaned comes out the same.
+  Rendering and cleaning are not linear in what a learner can write (nh3 takes the square of the depth of nested
+  tags; nbconvert's markdown renderer reads 100 KB of brackets a second): a cell longer than ``RENDERED_CELL_MAX``, or
+  past ``RENDERED_NOTEBOOK_MAX`` characters of one notebook, is shown as escaped text instead.
   The rest of what those templates show is escaped by nbconvert (code, outputs as text, tracebacks, cell ids and
   tags) or is numbers; the exception is a grade id, written into the page as is: one that is not plain text loses
   its nbgrader marks (nbgrader's OverwriteCells already drops grade ids that are not the instructor's).
 - ``terminal(text)``: every control character but the newline, and the Unicode controls that reorder text, shown as
   ``\\x1b``-style text, so nothing a learner wrote moves the cursor, clears or rewrites a line, sets the window title
   or the clipboard, or switches screens: a row shows its true score.
+  The same goes for logging (``terminal_logging``): a record no handler takes, which Python's last resort would
+  write raw to standard error (a judge's ``log.exception`` with a learner's message in its traceback), and every
+  warning are written escaped.
 - ``csv_cell(value)``: a text cell that a spreadsheet would read as a formula (OWASP's CSV injection rule: it starts
   with ``= + - @``, a tab or a carriage return) gets a leading single quote; numbers stay numbers.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+from html import escape as escape_html
+import logging
 import re
+import sys
+import warnings
 
 import nh3
 import nbformat
@@ -67,6 +78,11 @@ SURROGATE = re.compile("[\ud800-\udfff]")  # JSON lets a notebook carry a lone o
 CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+# Characters of markdown and raw cells rendered and cleaned: per cell (the course's longest is 2,537) and per notebook
+# (the course's longest notebook has 12,249). What is past them is shown as escaped text.
+RENDERED_CELL_MAX = 20_000
+RENDERED_NOTEBOOK_MAX = 200_000
+AS_TEXT = re.compile(r"<div><p><em>\(\d[\d,]* characters, shown as written\)</em></p><pre>[^<>]*</pre></div>")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,19 +93,35 @@ def notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy of the notebook that nbgrader's formgrader and feedback pages show as text and markup only: every
     markdown cell's source replaced by its cleaned HTML (see ``markdown``), every raw cell's source cleaned, and
     grade ids that would not be text in those pages taken off their cell. A cell id that is not nbformat's (nbconvert
-    refuses to make a page of the notebook then) is replaced by a new one."""
+    refuses to make a page of the notebook then) is replaced by a new one. Cells past ``RENDERED_CELL_MAX`` or
+    ``RENDERED_NOTEBOOK_MAX`` are shown as escaped text (``as_text``)."""
     nb = copy.deepcopy(nb)
+    budget = RENDERED_NOTEBOOK_MAX
     for cell in nb.cells:
         if "id" in cell and not (isinstance(cell.id, str) and CELL_ID.fullmatch(cell.id)):
             cell.id = random_cell_id()
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id is not None and not GRADE_ID_IN_PAGE.fullmatch(str(grade_id)):
             del cell.metadata["nbgrader"]
-        if cell.cell_type == "markdown":
-            cell.source = markdown(cell.source, cell.pop("attachments", None))
-        elif cell.cell_type == "raw":
-            cell.source = clean_html(cell.source)
+        if cell.cell_type not in ("markdown", "raw"):
+            continue
+        attachments = cell.pop("attachments", None)
+        if AS_TEXT.fullmatch(cell.source):  # (made inert already: a cell of the autograded notebook)
+            continue
+        if len(cell.source) > min(budget, RENDERED_CELL_MAX):
+            cell.source = as_text(cell.source)
+        else:
+            budget -= len(cell.source)
+            cell.source = markdown(cell.source, attachments) if cell.cell_type == "markdown" else \
+                clean_html(cell.source)
     return nb
+
+
+def as_text(source: str) -> str:
+    """A cell's source as escaped text on one line of HTML (which markdown renderers pass on as it is), said to be
+    shown unrendered."""
+    text = escape_html(SURROGATE.sub("\ufffd", source)).replace("\n", "&#10;")
+    return f"<div><p><em>({len(source):,} characters, shown as written)</em></p><pre>{text}</pre></div>"
 
 
 def markdown(source: str, attachments: dict | None = None) -> str:
@@ -147,6 +179,37 @@ class _Renderer(IPythonRenderer):
 def terminal(text: str) -> str:
     """``text`` with every control character but the newline written out as ``\\x1b``, ``\\x0d``, ``\\u202e``..."""
     return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
+class TerminalHandler(logging.Handler):
+    """Writes each record, its traceback included, to the standard error of the moment, escaped as ``terminal``
+    escapes: a log line can quote a learner's text (an exception's message, a value)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(terminal(self.format(record)) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 (as logging's own handlers do)
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def terminal_logging():
+    """Within it, this process's log records that no handler takes (Python's last resort writes them raw to standard
+    error) and its warnings go through a ``TerminalHandler``; the logging and warnings of before come back after."""
+    last_resort, show = logging.lastResort, warnings.showwarning
+    logging.lastResort = TerminalHandler(logging.WARNING)
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        logging.lastResort.handle(logging.makeLogRecord({
+            "msg": warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"),
+            "levelno": logging.WARNING, "levelname": "WARNING"}))
+
+    warnings.showwarning = show_warning
+    try:
+        yield
+    finally:
+        logging.lastResort, warnings.showwarning = last_resort, show
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import re
 import secrets
 import stat
 import tokenize
+from collections.abc import Iterable
 from pathlib import Path
 
 import nbformat
@@ -71,6 +72,21 @@ ORACLES_EVERYWHERE = [
     (re.compile(r"\bcapstone\b"), "coursekit.capstone"),
     (re.compile(r"\bcoursekit\.recorded\b|\bimport recorded\b"), "coursekit.recorded (the visible tests' answers)"),
 ]
+# The nbgrader metadata of a cell as nbgrader's own cells have it (its schema, nbgrader/nbgraderformat/v3.json): each
+# key, the types its value may have. A learner can write anything there; the grader reads these keys, so a cell whose
+# metadata is not of this shape makes its notebook unreadable, at intake, before anything reads it. (Keys nbgrader does
+# not know are left to nbgrader, which drops them.)
+NBGRADER_KEYS = {"grade": (bool,), "solution": (bool,), "locked": (bool,), "task": (bool,), "grade_id": (str,),
+                 "points": (int, float), "schema_version": (int,), "checksum": (str,), "cell_type": (str,)}
+CELL_TYPES = ("code", "markdown", "raw")
+# Review notes kept for one notebook: the first ones name what to read; thousands of them would only bury the
+# others' rows (the table, grades.csv).
+MAX_REVIEW_NOTES = 20
+# A receipt's time is the learner's word (see exchange_receipt): taken only when it names a whole date, is no later
+# than now (give or take the clock skew between the learner's machine and this one) and no earlier than this course
+# could have been handed in.
+CLOCK_SKEW = datetime.timedelta(minutes=10)
+EARLIEST_SUBMISSION = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 # Characters of a notebook's code read for oracles: five times the longest reference's (chapter 9's), and a few
 # seconds of the grader's time at worst (a token per character); a longer notebook gets a note instead.
 ORACLE_READ_LIMIT = 200_000
@@ -170,7 +186,8 @@ def class_submissions(class_dir: Path, wanted: list[str], known: list[str]) -> l
     return [Submission(s.name, ch, found.get((s.name, ch))) for s in students for ch in chapters]
 
 
-def exchange_receipt(s: Submission) -> tuple[dict[str, bytes], dict[str, bytes], str]:
+def exchange_receipt(s: Submission, now: datetime.datetime | None = None
+                     ) -> tuple[dict[str, bytes], dict[str, bytes], str]:
     """nbgrader's exchange receipt for a notebook: (the files of it that came with the notebook and are nbgrader's,
     the receipt to keep beside it, a note for the review list).
 
@@ -179,30 +196,39 @@ def exchange_receipt(s: Submission) -> tuple[dict[str, bytes], dict[str, bytes],
     checked: a timestamp that nbgrader cannot parse, or a secret that is not the hex text nbgrader writes, would stop
     `nbgrader release_feedback` (and a stock `generate_feedback`) for the whole class. What is missing or not
     nbgrader's is made up (the notebook's modification time, a new random secret), so the class's feedback can always
-    be released; the learner's `fetch_feedback` then finds none for a receipt that was replaced.
+    be released; the learner's `fetch_feedback` then finds none for a receipt that was replaced. The timestamp was
+    written by the learner's side, on the learner's clock: one that names no whole date, lies in the future (beyond
+    ``CLOCK_SKEW``) or before this course (``EARLIEST_SUBMISSION``) is not taken either. ``now``: the time of grading.
     """
-    found, bad = {}, []
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    found, bad = {}, {}
     if s.path.parent.name == s.chapter:
         for name in EXCHANGE_RECEIPT:
             path = s.path.parent / name
             if not os.path.lexists(path):
                 continue
             content = read_receipt(path)
-            why = content if isinstance(content, str) else receipt_problem(name, content)
+            why = content if isinstance(content, str) else receipt_problem(name, content, now)
             if why:
-                bad.append(f"{name}: {why}")
+                bad[name] = why
             else:
                 found[name] = content
     kept = dict(found)
     if "timestamp.txt" not in kept:
         when = datetime.datetime.fromtimestamp(os.lstat(s.path).st_mtime, datetime.timezone.utc)
+        if time_problem(when, now):  # (the file's time may be the learner's too)
+            when = now
         kept["timestamp.txt"] = when.strftime("%Y-%m-%d %H:%M:%S.%f UTC").encode()
     if "submission_secret.txt" not in kept:
         kept["submission_secret.txt"] = secrets.token_hex(64).encode()  # as nbgrader makes one (not in the digest)
+    problems = "; ".join(f"{name}: {why}" for name, why in bad.items())
     note = ""
-    if bad:
-        note = (f"its exchange receipt is not nbgrader's ({'; '.join(bad)}): replaced, so the learner's "
+    if "submission_secret.txt" in bad:
+        note = (f"its exchange receipt is not nbgrader's ({problems}): replaced, so the learner's "
                 "`nbgrader fetch_feedback` will not find its feedback")
+    elif bad:
+        note = (f"its exchange receipt's time is not taken ({problems}): the gradebook has "
+                f"{kept['timestamp.txt'].decode()} instead (the notebook file's time, or the time of grading)")
     return found, kept, note
 
 
@@ -212,8 +238,8 @@ def read_receipt(path: Path) -> bytes | str:
                         too_big=lambda size: f"{size} bytes, more than a receipt can be ({MAX_RECEIPT})")
 
 
-def receipt_problem(name: str, content: bytes) -> str:
-    """Why a receipt file is not one nbgrader wrote ('' when it is)."""
+def receipt_problem(name: str, content: bytes, now: datetime.datetime) -> str:
+    """Why a receipt file is not one nbgrader wrote, or its time not a sensible one ('' when it is)."""
     try:
         text = content.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -222,12 +248,30 @@ def receipt_problem(name: str, content: bytes) -> str:
         return "" if RECEIPT_SECRET.fullmatch(text) else "not the hex text nbgrader writes"
     if not text:
         return "empty"
+    import dateutil.parser
     from nbgrader.utils import parse_utc
 
     try:
-        parse_utc(text)
+        when = parse_utc(text).replace(tzinfo=datetime.timezone.utc)  # as nbgrader reads it: UTC, naive
+        # dateutil fills in what a text leaves out from today ("1" is the 1st of this month): a whole date parses to
+        # the same day whatever the defaults
+        parts = text.split(" ")
+        head = " ".join(parts[:2]) if len(parts) == 3 else text  # (parse_utc's reading of a zone's name)
+        days = {dateutil.parser.parse(head, default=default, ignoretz=True).date()
+                for default in (datetime.datetime(2001, 1, 1), datetime.datetime(2002, 2, 2))}
     except Exception:  # noqa: BLE001 (dateutil raises several kinds)
         return "not a timestamp nbgrader can read"
+    if len(days) > 1:
+        return f"{text[:40]!r} names no whole date"
+    return time_problem(when, now, f"{text[:40]!r} ")
+
+
+def time_problem(when: datetime.datetime, now: datetime.datetime, quoted: str = "") -> str:
+    """Why ``when`` cannot be when a notebook was handed in ('' when it can)."""
+    if when > now + CLOCK_SKEW:
+        return f"{quoted}is in the future"
+    if when < EARLIEST_SUBMISSION:
+        return f"{quoted}is before this course ({EARLIEST_SUBMISSION:%Y-%m-%d})"
     return ""
 
 
@@ -271,9 +315,44 @@ def read_notebook(data: bytes | Path) -> nbformat.NotebookNode | str:
         return f"not a notebook ({reason[:300]})"
 
 
+def malformed(nb: nbformat.NotebookNode) -> str:
+    """Why the notebook's cells are not of the shape the grader reads ('' when they are): each cell an object of a
+    type nbformat knows, with text for its source and an object for its metadata, and nbgrader's metadata, where a
+    cell has any, of the types nbgrader's schema gives (``NBGRADER_KEYS``). nbformat reads a notebook that breaks its
+    schema (it only logs it), and nbgrader's own checks run later, on what the intake has read. Cells are counted
+    from 1, as they come in the file."""
+    if not isinstance(nb.get("cells"), list):
+        return "its cells are not a list"
+    for number, cell in enumerate(nb.cells, 1):
+        if not isinstance(cell, dict):
+            return f"cell {number} is not an object"
+        if cell.get("cell_type") not in CELL_TYPES:
+            return f"cell {number} is of no type nbformat knows"
+        if not isinstance(cell.get("source"), str):
+            return f"the source of cell {number} is not text"
+        if not isinstance(cell.get("metadata"), dict):
+            return f"the metadata of cell {number} is not an object"
+        if "nbgrader" not in cell.metadata:
+            continue
+        meta = cell.metadata.nbgrader
+        if not isinstance(meta, dict):
+            return f"the nbgrader metadata of cell {number} is not an object"
+        for key, types in NBGRADER_KEYS.items():
+            # (a bool is an int to Python, and no number to nbgrader's schema)
+            if key in meta and (not isinstance(meta[key], types) or isinstance(meta[key], bool) and bool not in types):
+                kind = {str: "text", bool: "true or false", int: "a number"}[types[0]]
+                return f"the nbgrader metadata of cell {number} has a {key} that is not {kind}"
+    return ""
+
+
+def nbgrader_meta(cell) -> dict:
+    """A cell's nbgrader metadata ({} where it has none): after ``malformed`` found nothing, always an object."""
+    return cell.metadata.get("nbgrader") or {}
+
+
 def wrong_chapter(nb: nbformat.NotebookNode, released: dict[str, str], others: dict[str, set[str]]) -> str | None:
     """Why the notebook is not this chapter's, if it shares no graded cell with it."""
-    ids = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells} - {None}
+    ids = {nbgrader_meta(c).get("grade_id") for c in nb.cells} - {None}
     if not ids:
         return "no nbgrader cells: this is not the course's notebook (start from the released notebook)"
 
@@ -289,32 +368,47 @@ def wrong_chapter(nb: nbformat.NotebookNode, released: dict[str, str], others: d
     return None
 
 
+def cell_names(nb: nbformat.NotebookNode) -> list[str]:
+    """Each cell as JupyterLab lets a learner find it: its grade id, or the graded cell it follows; in one pass (a
+    cell named by walking back to the graded cell before it costs a notebook of many cells the square of their
+    number)."""
+    names, before = [], None
+    for cell in nb.cells:
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        names.append(grade_id or (f"the cell after {before}" if before else "a cell before the first graded one"))
+        before = grade_id or before
+    return names
+
+
 def cell_name(nb: nbformat.NotebookNode, index: int) -> str:
-    """A cell as JupyterLab lets a learner find it: its grade id, or the graded cell it follows."""
-    grade_id = nb.cells[index].metadata.get("nbgrader", {}).get("grade_id")
-    if grade_id:
-        return grade_id
-    before = next((c.metadata["nbgrader"]["grade_id"] for c in reversed(nb.cells[:index])
-                   if c.metadata.get("nbgrader", {}).get("grade_id")), None)
-    return f"the cell after {before}" if before else "a cell before the first graded one"
+    """The name of one cell (``cell_names``: to name many, name them all once)."""
+    return cell_names(nb)[index]
 
 
 def review_notes(nb: nbformat.NotebookNode, release: nbformat.NotebookNode, chapter: str) -> list[str]:
     """What in the learner's own cells an instructor should look at: edited locked cells (nbgrader puts them
     back before grading), code that reaches for the grading machinery, and the learner's own lines (not the
-    notebook's given ones) that use an oracle of ``chapter``'s checks. ``release``: the chapter's released
-    notebook."""
+    notebook's given ones) that use an oracle of ``chapter``'s checks (the first ``MAX_REVIEW_NOTES`` such lines, and
+    how many more). ``release``: the chapter's released notebook. Time linear in the notebook's size: each line is
+    read once, by patterns that each match in time linear in the line."""
     released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in release.cells if "nbgrader" in c.metadata}
     given = {line.strip() for c in release.cells if c.cell_type == "code" for line in c.source.split("\n")}
     oracles = chapter_oracles(release, chapter)
-    notes = []
+    notes, lines = [], [0]  # lines: how many lines were noted
+
+    def note_line(text: str) -> None:
+        if lines[0] < MAX_REVIEW_NOTES:
+            notes.append(text)
+        lines[0] += 1
+
     size = sum(len(c.source) for c in nb.cells if c.cell_type == "code")
     if size > ORACLE_READ_LIMIT:
         notes.append(f"not read for oracles: {size:,} characters of code (read it yourself)")
         oracles = []
+    names = cell_names(nb)
     for i, cell in enumerate(nb.cells):
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        locked = grade_id in released and not cell.metadata.get("nbgrader", {}).get("solution")
+        grade_id = nbgrader_meta(cell).get("grade_id")
+        locked = grade_id in released and not nbgrader_meta(cell).get("solution")
         if locked:
             if cell.source.strip() != released[grade_id].strip():
                 notes.append(f"{grade_id}: a locked cell was edited (nbgrader restored it before grading)")
@@ -324,19 +418,22 @@ def review_notes(nb: nbformat.NotebookNode, release: nbformat.NotebookNode, chap
         for number, line in enumerate(cell.source.splitlines(), 1):
             for pattern, why in SUSPICIOUS:
                 if pattern.search(line):
-                    notes.append(f"{cell_name(nb, i)}, line {number}: {why}: {line.strip()[:80]}")
+                    note_line(f"{names[i]}, line {number}: {why}: {line.strip()[:80]}")
                     break
         if not oracles:
             continue
-        lines = cell.source.split("\n")  # as the tokenizer counts them
+        source_lines = cell.source.split("\n")  # as the tokenizer counts them
         for number, code in code_lines(cell.source).items():
-            if lines[number - 1].strip() in given:
+            if source_lines[number - 1].strip() in given:
                 continue
             oracle = next((name for pattern, name in oracles if pattern.search(code)), None)
             if oracle:
-                notes.append(f"{cell_name(nb, i)}, line {number}: uses {oracle}, an oracle of the checks: "
-                             f"{lines[number - 1].strip()[:80]}")
-    missing = [g for g in released if g not in {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}]
+                note_line(f"{names[i]}, line {number}: uses {oracle}, an oracle of the checks: "
+                          f"{source_lines[number - 1].strip()[:80]}")
+    if lines[0] > MAX_REVIEW_NOTES:
+        notes.append(f"... and {lines[0] - MAX_REVIEW_NOTES:,} more lines like these")
+    present = {nbgrader_meta(c).get("grade_id") for c in nb.cells}
+    missing = [g for g in released if g not in present]
     if missing:
         notes.append(f"cells deleted: {', '.join(missing)}")
     return notes
@@ -396,15 +493,24 @@ def _token_text(t: tokenize.TokenInfo) -> str:
     return f"'{quoted[2]}'" if quoted and re.fullmatch(r"[\w.]+", quoted[2]) else "''"
 
 
-def sanitize(nb: nbformat.NotebookNode, ws: Workspace, s: Submission) -> nbformat.NotebookNode:
+def sanitize(nb: nbformat.NotebookNode, ws: Workspace, s: Submission,
+             known: Iterable[str] | None = None) -> nbformat.NotebookNode:
     """What `nbgrader autograde` does before it runs a notebook, with nbgrader's own preprocessors: outputs
     cleared, cell ids made unique, the kernel and the locked cells (hidden tests included) put back from the
-    instructor's version, the cells' metadata checked."""
+    instructor's version, the cells' metadata checked. ``known``: the grade ids of the chapter's released notebook,
+    if known; nbgrader's OverwriteCells looks each grade id up in the gradebook, and takes one it does not find off
+    its cell: done here for the others, which a learner can add by the thousand, without a query each."""
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, \
         OverwriteKernelspec
 
     resources = {"nbgrader": {"notebook": s.chapter, "assignment": s.chapter, "student": s.student,
                               "db_url": ws.db_url}}
     for preprocessor in (ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata):
+        if preprocessor is OverwriteCells and known is not None:
+            known = set(known)
+            for cell in nb.cells:
+                meta = nbgrader_meta(cell)
+                if "grade_id" in meta and meta["grade_id"] not in known:
+                    del meta["grade_id"]
         nb, resources = preprocessor().preprocess(nb, resources)
     return nb

@@ -9,6 +9,7 @@ import html
 import json
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import nbformat
@@ -16,7 +17,7 @@ import nbformat
 from autograder import inert
 from autograder.base import ANSI_ESCAPE, Result, Submission, points, warn
 from autograder.intake import EXCHANGE_RECEIPT
-from autograder.run import HIDDEN_BLOCK
+from autograder.run import cut_hidden_tests
 from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path, log_tail, submitted_path
 
 HIDDEN_NOTE = "# (hidden tests ran here; what they found is below)\n"
@@ -29,7 +30,7 @@ def feedback_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        cell.source = HIDDEN_BLOCK.sub(HIDDEN_NOTE, cell.source)
+        cell.source = cut_hidden_tests(cell.source, HIDDEN_NOTE)
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 out["traceback"] = [f"{out.get('ename', 'Error')}: {ANSI_ESCAPE.sub('', out.get('evalue', ''))}"]
@@ -135,7 +136,13 @@ def write_reports(ws: Workspace, results: list[Result]) -> Path:
     for r in results:
         by_student.setdefault(r.student, []).append(r)
     for student, rs in by_student.items():
-        atomic_write(ws.root / "feedback" / student / "index.html", learner_page(student, rs, ws.root))
+        try:  # (one learner's page that cannot be made costs that page alone)
+            page = learner_page(student, rs, ws.root)
+        except Exception as err:  # noqa: BLE001
+            warn(f"{student}: the grader failed at the summary page:\n{traceback.format_exc()}")
+            page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'></head><body><p>This page could not "
+                    f"be made ({html.escape(type(err).__name__)}): ask your instructor.</p></body></html>\n")
+        atomic_write(ws.root / "feedback" / student / "index.html", page)
     table = ws.root / "grades.csv"
     with open(table, "w", newline="") as f:
         w = csv.writer(f)

@@ -34,9 +34,13 @@ from pathlib import Path
 import nbformat
 
 from autograder import sandbox
+from autograder.inert import terminal_logging
 from autograder.wire import valid_text
 
-HIDDEN_BLOCK = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.S | re.M)
+# A block of hidden tests: from a line that starts `### BEGIN HIDDEN TESTS` to the next that starts `### END HIDDEN
+# TESTS`, both included (``hidden_blocks``)
+HIDDEN_BEGIN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS", re.M)
+HIDDEN_END = re.compile(r"^[ \t]*### END HIDDEN TESTS[^\n]*\n?", re.M)
 # What a notebook may show in the autograded copy and the feedback: text and pictures, never HTML or scripts
 # (they would run in the instructor's formgrader and the learner's feedback page).
 SHOWN_MIMETYPES = ("text/plain", "image/png", "image/jpeg")
@@ -63,10 +67,34 @@ class JudgeFailed(Exception):
     """A notebook's judge process ended without a result (killed at its limits, crashed, sent garbage)."""
 
 
+def hidden_blocks(source: str) -> list[tuple[int, int]]:
+    """The (start, end) of each block of hidden tests in a cell's source, in one pass: each BEGIN line is paired with
+    the first END line after it. (One regular expression, BEGIN, then anything up to an END, tried at every BEGIN
+    line of a cell that has no END, reads the rest of the cell each time: a cell of many such lines cost the grader
+    the square of its length.)"""
+    spans, pos = [], 0
+    while (begin := HIDDEN_BEGIN.search(source, pos)) is not None:
+        end = HIDDEN_END.search(source, begin.end())
+        if end is None:  # no END after this BEGIN: none after any later one either
+            break
+        spans.append((begin.start(), end.end()))
+        pos = end.end()
+    return spans
+
+
+def cut_hidden_tests(source: str, note: str) -> str:
+    """``source`` with each block of hidden tests replaced by ``note``."""
+    kept, pos = [], 0
+    for start, end in hidden_blocks(source):
+        kept += [source[pos:start], note]
+        pos = end
+    return "".join(kept) + source[pos:]
+
+
 def judged_cells(nb: nbformat.NotebookNode) -> list[str]:
     """The test cells whose hidden tests call the judge."""
     return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
-            if c.metadata.get("nbgrader", {}).get("grade") and HIDDEN_BLOCK.search(c.source)]
+            if c.metadata.get("nbgrader", {}).get("grade") and hidden_blocks(c.source)]
 
 
 def skipped_when_graded(nb: nbformat.NotebookNode, release: nbformat.NotebookNode) -> list[int]:
@@ -204,39 +232,41 @@ def _outcome(data: bytes) -> RunOutcome:
 
 def _judge_process(sender, chapter: str, notebook: str, limits: dict, sandboxed: bool, threads: int,
                    grader: dict) -> None:
-    """Forked from the fork server: cap this process, run and judge the notebook, send the plain result."""
+    """Forked from the fork server: cap this process, run and judge the notebook, send the plain result. Its log
+    (the judge's ``log.exception`` can quote what the learner's side sent) reaches the grader's terminal escaped."""
     import importlib
 
     from autograder.base import Limits
 
-    try:
-        # Die with the fork server, which ends when the process it serves ends: a grader or a cluster worker killed
-        # mid-batch leaves no judge (and so, ``--die-with-parent``, no sandbox) running on.
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
-            raise JudgeFailed("the process that forked it had already ended")
-        sys.path[:] = grader["path"]
-        os.environ.clear()
-        os.environ.update(grader["environ"])
-        for module in grader["checks"]:
-            importlib.import_module(module)
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = _address_space() + JUDGE_MEMORY
-        if hard == resource.RLIM_INFINITY or cap < hard:
-            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))  # the sandbox sets its own, lower, below it
-        import torch
+    with terminal_logging():
+        try:
+            # Die with the fork server, which ends when the process it serves ends: a grader or a cluster worker killed
+            # mid-batch leaves no judge (and so, ``--die-with-parent``, no sandbox) running on.
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() == 1:
+                raise JudgeFailed("the process that forked it had already ended")
+            sys.path[:] = grader["path"]
+            os.environ.clear()
+            os.environ.update(grader["environ"])
+            for module in grader["checks"]:
+                importlib.import_module(module)
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            cap = _address_space() + JUDGE_MEMORY
+            if hard == resource.RLIM_INFINITY or cap < hard:
+                resource.setrlimit(resource.RLIMIT_AS, (cap, hard))  # the sandbox sets its own, lower, below it
+            import torch
 
-        torch.set_num_threads(1)  # checks are small; notebooks judged at once share the cores
-        nb = nbformat.reads(notebook, as_version=4)
-        outcome = _run_twice(chapter, nb, Limits(**limits), sandboxed, threads, grader.get("skip", []))
-        payload = json.dumps({
-            "verdicts": {gid: v.to_dict() for gid, v in outcome.verdicts.items()},
-            "outputs": {str(i): (outs, count) for i, (outs, count) in outcome.outputs.items()},
-            "seconds": outcome.seconds, "incident": outcome.incident, "log": outcome.log,
-            "started": outcome.started,
-        }, ensure_ascii=True)
-    except BaseException as err:  # noqa: BLE001 (anything at all: say it, so the row says what happened)
-        payload = json.dumps({"failed": f"{type(err).__name__}: {valid_text(str(err))[:300]}"})
+            torch.set_num_threads(1)  # checks are small; notebooks judged at once share the cores
+            nb = nbformat.reads(notebook, as_version=4)
+            outcome = _run_twice(chapter, nb, Limits(**limits), sandboxed, threads, grader.get("skip", []))
+            payload = json.dumps({
+                "verdicts": {gid: v.to_dict() for gid, v in outcome.verdicts.items()},
+                "outputs": {str(i): (outs, count) for i, (outs, count) in outcome.outputs.items()},
+                "seconds": outcome.seconds, "incident": outcome.incident, "log": outcome.log,
+                "started": outcome.started,
+            }, ensure_ascii=True)
+        except BaseException as err:  # noqa: BLE001 (anything at all: say it, so the row says what happened)
+            payload = json.dumps({"failed": f"{type(err).__name__}: {valid_text(str(err))[:300]}"})
     with contextlib.suppress(OSError):
         sender.send_bytes(payload.encode("ascii"))
     sender.close()

@@ -16,8 +16,8 @@ import nbformat
 
 from autograder import inert
 from autograder.base import ANSI_ESCAPE, LostPoints, Result, Submission
-from autograder.intake import EXCHANGE_RECEIPT, cell_name
-from autograder.run import HIDDEN_BLOCK, RunOutcome, judged_cells
+from autograder.intake import EXCHANGE_RECEIPT, cell_names
+from autograder.run import RunOutcome, hidden_blocks, judged_cells
 from autograder.workspace import Workspace, autograded_path, submitted_path
 
 # A cell of seven weighted parts, all failed, says seven things, each with its hint on a line of its own: the limits
@@ -38,7 +38,7 @@ def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNod
             continue
         cell.outputs, cell.execution_count = run.outputs.get(i, ([], None))
         meta = cell.metadata.get("nbgrader", {})
-        if not (meta.get("grade") and HIDDEN_BLOCK.search(cell.source)):
+        if not (meta.get("grade") and hidden_blocks(cell.source)):
             continue
         verdict = run.verdicts.get(meta["grade_id"])
         if verdict is None and not any(o.output_type == "error" for o in cell.outputs):
@@ -60,12 +60,14 @@ def cell_scores(nb: nbformat.NotebookNode, verdicts: dict) -> dict[str, float]:
     """{grade_id: score} of every test cell with hidden tests, from the judge's verdicts alone: the cell's points
     times the share of its checks' weights that passed; 0 where its hidden tests did not reach the judge. Nothing
     the notebook shows (an output, a number, an error) enters it."""
+    points = {}
+    for c in nb.cells:
+        if c.metadata.get("nbgrader", {}).get("grade_id"):
+            points.setdefault(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"].get("points") or 0))
     scores = {}
     for grade_id in judged_cells(nb):
-        points = next(float(c.metadata["nbgrader"].get("points") or 0) for c in nb.cells
-                      if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
         verdict = verdicts.get(grade_id)
-        scores[grade_id] = round(points * verdict.fraction, 2) if verdict is not None else 0.0
+        scores[grade_id] = round(points[grade_id] * verdict.fraction, 2) if verdict is not None else 0.0
     return scores
 
 
@@ -148,28 +150,39 @@ _CELL_FRAME = re.compile(r"^Cell In\[(\d+)\], line (\d+)$", re.M)
 _ARROW_LINE = re.compile(r"^-+> *(\d+) ?(.*)$", re.M)
 
 
-def error_place(out: dict, nb: nbformat.NotebookNode) -> str:
+def error_place(out: dict, nb: nbformat.NotebookNode, names: list[str] | None = None,
+                cells_run: dict[int, int] | None = None) -> str:
     """Where in the notebook a kernel's error was raised, from its traceback: ' (cell tokenizer, line 7:
-    `code`)' for the innermost frame in a cell (IPython's "Cell In[12], line 7", the cell run as the 12th), or ''."""
+    `code`)' for the innermost frame in a cell (IPython's "Cell In[12], line 7", the cell run as the 12th), or ''.
+    ``names`` (``intake.cell_names``) and ``cells_run`` (``cells_by_run``) of ``nb``, when many errors are placed."""
     text = ANSI_ESCAPE.sub("", "\n".join(line for line in out.get("traceback", []) if isinstance(line, str)))
     frames = list(_CELL_FRAME.finditer(text))
     if not frames:
         return ""
     last = frames[-1]
     count, line = int(last.group(1)), int(last.group(2))
-    index = next((i for i, c in enumerate(nb.cells) if c.get("execution_count") == count), None)
+    index = (cells_by_run(nb) if cells_run is None else cells_run).get(count)
     if index is None:
         return ""
     code = next((m.group(2).strip() for m in _ARROW_LINE.finditer(text, last.end()) if int(m.group(1)) == line), "")
-    name = cell_name(nb, index)
+    name = (cell_names(nb) if names is None else names)[index]
     place = f"{name if name.startswith(('the cell', 'a cell')) else 'cell ' + name}, line {line}"
     return f" ({place}: `{code[:120]}`)" if code else f" ({place})"
 
 
-def _located(cell: dict, nb: nbformat.NotebookNode) -> str:
+def cells_by_run(nb: nbformat.NotebookNode) -> dict[int, int]:
+    """{execution count: index of the first cell that shows it}."""
+    found = {}
+    for i, c in enumerate(nb.cells):
+        found.setdefault(c.get("execution_count"), i)
+    return found
+
+
+def _located(cell: dict, nb: nbformat.NotebookNode, names: list[str] | None = None,
+             cells_run: dict[int, int] | None = None) -> str:
     """error_message, with the place of the error when the kernel raised it (not when the judge reported it)."""
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    return error_message(cell) + (error_place(errors[-1], nb) if errors else "")
+    return error_message(cell) + (error_place(errors[-1], nb, names, cells_run) if errors else "")
 
 
 def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
@@ -177,6 +190,7 @@ def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
     submission = gb.find_submission(chapter, student)
     notebook = nbformat.read(autograded_path(workdir, student, chapter), as_version=4)
     cell_of = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in notebook.cells}
+    names, cells_run = cell_names(notebook), cells_by_run(notebook)
     order = {grade_id: i for i, grade_id in enumerate(cell_of)}
     lost = []
     grades = [g for nb in submission.notebooks for g in nb.grades]
@@ -186,15 +200,26 @@ def read_result(gb, workdir: Path, student: str, chapter: str) -> Result:
         elif grade.needs_manual_grade:
             message = "needs manual grading"
         elif grade.score < grade.max_score:
-            message = _located(cell_of[grade.name], notebook)
+            message = _located(cell_of[grade.name], notebook, names, cells_run)
         else:
             continue
         lost.append(LostPoints(grade.name, grade.score, grade.max_score, message))
-    own = []  # errors in cells that are not test cells: they explain the lost points that follow
+    return Result(student, chapter, "graded", submission.score, submission.max_score, lost,
+                  needs_manual_grade=submission.needs_manual_grade, cell_errors=cell_errors(notebook, names, cells_run))
+
+
+def cell_errors(notebook: nbformat.NotebookNode, names: list[str] | None = None,
+                cells_run: dict[int, int] | None = None, most: int = 5) -> list[str]:
+    """The errors of the learner's own cells (not test cells), the first ``most``: they explain the lost points that
+    follow. ``names``, ``cells_run``: ``intake.cell_names`` and ``cells_by_run`` of the notebook, if known."""
+    names = cell_names(notebook) if names is None else names
+    cells_run = cells_by_run(notebook) if cells_run is None else cells_run
+    own = []
     for i, cell in enumerate(notebook.cells):
         meta = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and not meta.get("grade") and any(
                 o.get("output_type") == "error" for o in cell.get("outputs", [])):
-            own.append(f"{cell_name(notebook, i)}: {_located(cell, notebook)}")
-    return Result(student, chapter, "graded", submission.score, submission.max_score, lost,
-                  needs_manual_grade=submission.needs_manual_grade, cell_errors=own[:5])
+            own.append(f"{names[i]}: {_located(cell, notebook, names, cells_run)}")
+            if len(own) == most:
+                break
+    return own

@@ -297,8 +297,10 @@ class Workspace:
         return self.root / "results" / student / f"{chapter}.json"
 
     def keep_log(self, student: str, chapter: str, text: str) -> Path:
+        """Keep a run's log, whose path the table prints: escaped as the table is (``inert.terminal``), since the
+        executor's output in it is the learner's text, and an instructor reads it with ``cat`` or ``less``."""
         dest = self.root / "logs" / chapter / f"{student}.log"
-        atomic_write(dest, text)
+        atomic_write(dest, inert.terminal(text))
         return dest
 
     def released(self, chapter: str) -> nbformat.NotebookNode:

@@ -484,6 +484,35 @@ def test_a_judge_process_that_dies_costs_its_notebook_alone(course, solution_run
 
 
 @pytest.mark.slow
+def test_whatever_the_grader_raises_on_one_notebook_is_that_notebooks_row(course, solution_run, tmp_path,
+                                                                         monkeypatch):
+    """A fence per submission: an exception in the intake of one notebook, or in the scoring of another, is that
+    notebook's `error` row naming the step (and graded again on the next run), never the batch's."""
+    class_dir = _class_of(course, 3, "class-fenced")
+    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+    for student, mark in (("s01", "intake"), ("s02", "scoring")):
+        nbformat.write(learner_copy(released, f"return a + b  # fence-{mark}\n"),
+                       class_dir / student / f"{CHAPTER}.ipynb")
+
+    def marked(nb, mark):
+        if any(f"# fence-{mark}" in c.source for c in nb.cells):
+            raise RuntimeError(f"a bug met at {mark}")
+
+    review_notes, assemble = grade.review_notes, grade.assemble
+    monkeypatch.setattr(grade, "review_notes", lambda nb, *args: marked(nb, "intake") or review_notes(nb, *args))
+    monkeypatch.setattr(grade, "assemble", lambda nb, run: marked(nb, "scoring") or assemble(nb, run))
+    out = tmp_path / "r.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grade.main(["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks",
+                           "--workdir", str(tmp_path / "ws"), "--quiet", "--json", str(out)]) == 0
+    rows = {r["student"]: r for r in json.loads(out.read_text())["results"]}
+    assert (rows["s00"]["status"], rows["s00"]["score"]) == ("graded", 3)
+    for student, step in (("s01", "intake"), ("s02", "scoring")):
+        assert (rows[student]["status"], rows[student]["detail"]) == \
+            ("error", f"the grader failed at its {step} (RuntimeError; see the grader's log)"), rows[student]
+
+
+@pytest.mark.slow
 def test_feedback_waits_while_an_earlier_chapter_is_open(course, solution_run, tmp_path):
     """A chapter's sandbox holds the reference of the chapters before it: with one of them still open, the
     notebook is graded but its feedback (which shows whatever it printed) is not written until it closes."""
@@ -753,7 +782,10 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
     """`nbgrader collect` copies whatever a learner's exchange folder holds, so the receipt beside a notebook
     (timestamp.txt, submission_secret.txt) is the learner's to write: a link to a file only the instructor may
     read, bytes that are not text, a huge file, a pipe. None of it is followed or kept; each such learner is on
-    the review list, and nbgrader's own `release_feedback` then releases the whole class's feedback."""
+    the review list, and nbgrader's own `release_feedback` then releases the whole class's feedback. A time nbgrader
+    can read but that makes no sense (the learner's clock: the year 9999, the year 1, a day of this month) is not
+    taken either: the gradebook has the notebook file's time."""
+    import datetime
     import os
     import secrets
     import subprocess
@@ -774,11 +806,12 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
         "huge": {"timestamp.txt": when, "submission_secret.txt": b"a" * 10_000_000},
         "pipe": {"timestamp.txt": when, "submission_secret.txt": None},
         "none": {},
-        # times nbgrader can read that now reach the gradebook (scoring.record): far ahead, far back, an offset
+        # times nbgrader can read: far ahead, far back and a day of this month are not taken; an offset is
         "future": {"timestamp.txt": b"9999-12-31 23:59:59.999999 UTC",
                   "submission_secret.txt": secrets.token_hex(64).encode()},
         "ancient": {"timestamp.txt": b"0001-01-01 00:00:00 UTC",
                    "submission_secret.txt": secrets.token_hex(64).encode()},
+        "day-only": {"timestamp.txt": b"1", "submission_secret.txt": secrets.token_hex(64).encode()},
         "offset": {"timestamp.txt": b"2026-11-20 10:00:00 +14:00",
                   "submission_secret.txt": secrets.token_hex(64).encode()},
     }
@@ -805,7 +838,11 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
         assert "submission_secret.txt: " in note and "fetch_feedback" in note, note
     assert "a symbolic link" in results["linked"]["review"][-1]
     assert "timestamp.txt: not a timestamp" in results["binary"]["review"][-1]
-    assert not any(results[s]["review"] for s in ("good", "none", "future", "ancient", "offset"))
+    assert not any(results[s]["review"] for s in ("good", "none", "offset"))
+    for student, why in [("future", "is in the future"), ("ancient", "is before this course"),
+                         ("day-only", "names no whole date")]:
+        [note] = results[student]["review"]
+        assert note.startswith("its exchange receipt's time is not taken (timestamp.txt: ") and why in note, note
     kept = {p.read_bytes() for p in workdir.rglob("submission_secret.txt")}
     assert private.read_bytes() not in kept and good in kept
 
@@ -832,9 +869,12 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
         {s: (3.0, 3.0, True) for s in receipts}, view
     assert view["submissions"]["good"]["timestamp"].startswith("2026-11-20T10:00:00"), view["submissions"]["good"]
     from nbgrader.utils import parse_utc  # each time as nbgrader itself reads the receipt (its formgrader compares)
-    for student in ("future", "ancient", "offset"):
-        want = parse_utc(receipts[student]["timestamp.txt"].decode()).isoformat()
+    for student in ("future", "ancient", "day-only", "offset"):
+        kept = (workdir / "submitted" / student / CHAPTER / "timestamp.txt").read_text()
+        assert (kept == receipts[student]["timestamp.txt"].decode()) == (student == "offset"), (student, kept)
+        want = parse_utc(kept).isoformat()
         assert view["submissions"][student]["timestamp"] == want, (student, view["submissions"][student])
+        assert want < datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(), want
 
 
 FORMGRADER_VIEW = """\

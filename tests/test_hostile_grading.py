@@ -76,6 +76,9 @@ def batch(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("grading") / "workspace"
     server = socket.create_server(("127.0.0.1", 0))  # the network probe must not reach it
     port = server.getsockname()[1]
+    stderr = workdir.parent / "stderr.log"  # the first run's: the grader's, its workers' and their judges'
+    redirect = contextlib.ExitStack()
+    redirect.enter_context(standard_error_to(stderr))
     cluster = contextlib.ExitStack()
     address = cluster.enter_context(cluster_of_two())
     students = hostile.write_class(class_dir, {
@@ -90,20 +93,47 @@ def batch(tmp_path_factory):
     (class_dir / "linked-folder").symlink_to(class_dir / "reference")  # a student folder that is a link
     (class_dir / "linked-chapter").mkdir()  # nbgrader collect's layout, whose chapter folder is the solutions'
     (class_dir / "linked-chapter" / CHAPTER).symlink_to(ROOT / "solutions" / CHAPTER)
-    students += ["symlink", "linked-chapter"]
+    # nbgrader collect's layout, with a receipt whose time is the learner's word: in the year 9999
+    (class_dir / "future-receipt" / CHAPTER).mkdir(parents=True)
+    (class_dir / "future-receipt" / CHAPTER / f"{CHAPTER}.ipynb").write_text(hostile.reference_text())
+    (class_dir / "future-receipt" / CHAPTER / "timestamp.txt").write_text(FUTURE)
+    (class_dir / "future-receipt" / CHAPTER / "submission_secret.txt").write_text("ab" * 64)
+    students += ["symlink", "linked-chapter", "future-receipt"]
     before = course_files()
     submitted = {s: (class_dir / s / f"{CHAPTER}.ipynb").read_bytes() for s in students
-                 if s not in ("symlink", "linked-chapter")}
-    with cluster:
-        killer = WorkerKiller(address)
-        first = grade_class(class_dir, workdir, "--scheduler", address)
-        killer.stop()
+                 if s not in ("symlink", "linked-chapter", "future-receipt")}
+    with redirect:
+        with cluster:
+            killer = WorkerKiller(address)
+            first = grade_class(class_dir, workdir, "--scheduler", address)
+            killer.stop()
     records = {p.parent.name: p.read_bytes() for p in workdir.glob(f"results/*/{CHAPTER}.json")}
     second = grade_class(class_dir, workdir)
     server.close()
     return {"students": students, "first": first, "second": second, "workdir": workdir, "class_dir": class_dir,
             "course_before": before, "course_after": course_files(), "submitted": submitted, "records": records,
-            "killed": killer.killed}
+            "killed": killer.killed, "stderr": stderr.read_text(errors="replace")}
+
+
+FUTURE = "9999-12-31 23:59:59.999999 UTC"
+
+
+@contextlib.contextmanager
+def standard_error_to(path: Path):
+    """This process's file descriptor 2 (and so that of every process it starts meanwhile: the cluster's workers,
+    their fork servers and judges) written to ``path``."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextlib.contextmanager
@@ -295,6 +325,70 @@ def test_replies_that_are_costly_to_decode_are_refused_fast_and_charged_to_the_l
     r = result(batch, "wire-bombs")
     assert r.score == 0 and r.seconds < 120, (r.score, r.seconds)
     assert r.lost and all("UnreadableValue" in lp.message for lp in r.lost), r.lost
+
+
+@pytest.mark.parametrize("student", sorted(hostile.BAD_METADATA))
+def test_nbgrader_metadata_of_the_wrong_type_is_that_notebooks_row(batch, student):
+    """A cell whose nbgrader metadata is a string, null, a list, or has a grade id that is a list crashed the intake
+    of the whole class; it is that notebook's row, and the victims' scores are right."""
+    for _, results, _ in (batch["first"], batch["second"]):
+        r = results[student]
+        assert r.status == "unreadable", (r.status, r.detail)
+        what = "has a grade_id that is not text" if student == "grade-id-list" else "is not an object"
+        assert r.detail == f"the nbgrader metadata of cell 3 {what}", r.detail
+        assert (results["reference"].score, results["untouched"].score) == (13, 0)
+
+
+def test_text_that_is_costly_to_read_costs_its_own_row_only(batch):
+    """20,000 lines `### BEGIN HIDDEN TESTS` in a cell of the learner's own (a block that never ends: the grader's
+    reading of hidden tests took the square of its length) and 300 cells `# socket` before the first graded one (a
+    review note each, each cell named by walking back): graded as its answers deserve, the notes bounded. (The
+    grader's time on such text: tests/test_intake_linear.py.)"""
+    r = result(batch, "markers-bomb")
+    assert r.status == "graded" and r.score == 13, (r.status, r.detail)
+    assert r.review[0].startswith("not read for oracles: "), r.review[:1]
+    assert r.review[1] == "a cell before the first graded one, line 1: opens sockets: # socket", r.review[1:2]
+    assert len(r.review) == 22 and r.review[-1] == "... and 280 more lines like these", r.review[-2:]
+    assert result(batch, "reference").score == 13
+
+
+def test_the_judges_log_reaches_the_terminal_escaped(batch):
+    """A learner's side that answers the judge with terminal escapes ({"bad": ...}): the judge's error, logged with
+    what came back, reaches the instructor's terminal escaped as the table is (before, Python's last resort handler
+    wrote it raw: a window title, the clipboard, a cleared screen); no line on the terminal holds a control
+    character."""
+    text = batch["stderr"]
+    assert "judge-log-owned" in text, text[-3000:]  # (the judge did log it)
+    assert "\\x1b]0;judge-log-owned\\x07" in text
+    assert [ch for ch in set(text) if ord(ch) < 32 and ch not in "\n\t" or 0x7f <= ord(ch) < 0xa0] == []
+    r = result(batch, "bad-replies")
+    assert r.status == "graded" and r.score == 0, (r.status, r.score, r.detail)
+
+
+def test_a_kept_log_is_written_escaped(batch):
+    """The executor's log, kept when the kernel died (its path in the table), holds what the learner's kernel wrote
+    to its standard error: escaped, as the table is."""
+    r = result(batch, "log-escapes")
+    assert r.status == "graded" and r.score == 13 and "kernel died" in r.detail, (r.score, r.detail)
+    kept = Path(r.log).read_text()
+    assert "\\x1b]0;kept-log-owned\\x07" in kept, kept[-2000:]
+    assert "\x1b" not in kept and "\x07" not in kept
+
+
+def test_a_receipt_time_that_makes_no_sense_is_not_taken(batch):
+    """A receipt's time is the learner's word: one in the future is noted and not taken; the gradebook has a time
+    that is not in the future (the notebook file's)."""
+    import datetime
+
+    from nbgrader.api import Gradebook
+
+    r = result(batch, "future-receipt")
+    assert r.status == "graded" and r.score == 13, (r.status, r.detail)
+    assert any(f"timestamp.txt: '{FUTURE}' is in the future" in note for note in r.review), r.review
+    with Gradebook(f"sqlite:///{batch['workdir'] / 'gradebook.db'}") as gb:
+        when = gb.find_submission(CHAPTER, "future-receipt").timestamp
+    assert when < datetime.datetime.utcnow() + datetime.timedelta(minutes=1), when
+    assert (batch["workdir"] / "submitted" / "future-receipt" / CHAPTER / "timestamp.txt").read_text() != FUTURE
 
 
 def test_the_victims_keep_their_scores_across_both_runs(batch):

@@ -284,6 +284,55 @@ _bombs = itertools.cycle([
 wire.encode = lambda value, refer=None: next(_bombs)
 """
 
+# nbgrader metadata of a type nbgrader's schema does not allow, on a cell of the learner's own (after the imports):
+# the grader reads it at intake.
+BAD_METADATA = {"metadata-string": "x", "metadata-null": None, "metadata-list": [1, 2],
+                "grade-id-list": {"grade": False, "solution": True, "locked": False, "schema_version": 3,
+                                  "grade_id": ["tokenizer"]}}
+
+
+def _bad_metadata(value) -> Callable[[], str]:
+    def build():
+        nb = _with_cell(_reference(), "x = 1\n")
+        cell = nb.cells[next(i for i, c in enumerate(nb.cells) if c.source == "x = 1\n")]
+        cell.metadata["nbgrader"] = value
+        return _text(nb)
+    return build
+
+
+def _markers_bomb() -> str:
+    """The right answers, with 300 cells `# socket` of the learner's own before the first graded cell (each a review
+    note, named by the graded cell before it) and a cell of 20,000 lines `### BEGIN HIDDEN TESTS` (a block of hidden
+    tests that never ends)."""
+    nb = _with_cell(_reference(), "### BEGIN HIDDEN TESTS\n" * 20_000)
+    first = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id"))
+    nb.cells[first:first] = [nbformat.v4.new_code_cell("# socket\n") for _ in range(300)]
+    return _text(nb)
+
+
+# The learner's side answers each of the judge's requests with {"bad": ...}: the judge's error says what came back,
+# terminal escapes and all, in the judge's log (and so on the instructor's terminal).
+JUDGE_LOG_ESCAPES = "\x1b]0;judge-log-owned\x07\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b[2J"
+BAD_REPLIES = """\
+from autograder import wire
+_send = wire.send
+def _bad(sock, message):
+    if "hello" not in message and "executed" not in message:
+        message = {"bad": %r}
+    _send(sock, message)
+wire.send = _bad
+""" % JUDGE_LOG_ESCAPES
+# Terminal escapes written to the kernel's own standard error (which the executor's log keeps), then the kernel dies:
+# the log is kept, and the table prints its path.
+KEPT_LOG_ESCAPES = "\x1b]0;kept-log-owned\x07\x1b[2J"
+LOG_ESCAPES = """\
+import os, time
+os.write(2, %r)
+time.sleep(1)  # (ipykernel echoes the kernel's file descriptor 2 to the executor's from a thread)
+os._exit(0)
+""" % (KEPT_LOG_ESCAPES + "\n").encode()
+
+
 # ---------------------------------------------------------------- fooling the people who read the results
 
 XSS_MARKDOWN = (
@@ -529,9 +578,16 @@ HOSTILE = [
             _reference_with(FORGE_BROKEN, "")),
     Hostile("wire-bombs", "every reply replaced by data that is slow, huge or impossible to decode",
             _reference_with(WIRE_BOMBS)),
+    *[Hostile(key, f"a cell of its own whose nbgrader metadata is {value!r}", _bad_metadata(value))
+      for key, value in BAD_METADATA.items()],
+    Hostile("markers-bomb", "300 cells `# socket` before the first graded one, 20,000 lines `### BEGIN HIDDEN TESTS`",
+            _markers_bomb),
+    Hostile("bad-replies", "every reply to the judge is {'bad': terminal escapes}", _reference_with(BAD_REPLIES)),
     # fooling the people who read the results
     Hostile("fools-readers", "script in markdown, terminal escapes in a line the review notes quote",
             _fools_readers),
+    Hostile("log-escapes", "terminal escapes on the kernel's standard error, then the kernel dies",
+            _reference_with(LOG_ESCAPES, "")),
     # reading what is hidden (nothing written: whatever it scores comes from what it found)
     Hostile("snoop", "reads solutions, checks, the reference, .git and gradebooks by every path it can think of",
             _untouched_with(SNOOP)),
@@ -574,3 +630,62 @@ def untouched_text() -> str:
 
 def mutant_text(key: str) -> str:
     return _text(_mutant(key))
+
+
+# ---------------------------------------------------------------- text that costs the grader, not the sandbox
+
+# Every marker of nbgrader's and the course's, every line that the review notes flag (autograder/intake.py: SUSPICIOUS,
+# ORACLES), and a lone surrogate (which the intake repairs): a line each.
+MARKERS = [
+    "### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS",
+    "    ### BEGIN HIDDEN TESTS", "# YOUR CODE HERE", "raise NotImplementedError()", "#| export", "# socket",
+    "import socket", "import autograder", "open('solutions/01-tokens')", "exec(x)", "eval (y)", "sys.modules['x']",
+    "get_ipython().events", "builtins.print", "os._exit(0)", "import ctypes", "!ls", "%%bash", "subprocess.run",
+    "__import__('os')", "importlib.reload", "tiktoken.get_encoding('gpt2')", "F.one_hot(x)",
+    "from transformers import *",
+    "coursekit.capstone", "import recorded", "\ud800", "=== BEGIN MARK SCHEME ===", "YOUR ANSWER HERE",
+]
+
+
+def text_bomb(size: int) -> str:
+    """A chapter 1 notebook of about ``size`` bytes of hostile text, costly to read for any step that is not linear
+    in it: thousands of one-line cells of the learner's own before the first graded cell (each a review note, named
+    by the graded cell before it), cells of marker lines (``MARKERS``: hidden-test blocks that never end), test cells
+    of the learner's own full of them, long lines, markdown and raw cells of nested tags and brackets, a lone
+    surrogate. Built as JSON directly: nbformat takes seconds to write 20 MB."""
+    import json
+
+    nb = json.loads(untouched_text())
+    first = next(i for i, c in enumerate(nb["cells"]) if c.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
+    before, after, count = [], [], 0
+
+    def cell(kind: str, source: str, **nbgrader) -> dict:
+        nonlocal count
+        count += 1
+        made = {"cell_type": kind, "id": f"bomb-{count}", "metadata": {}, "source": source}
+        if nbgrader:
+            made["metadata"]["nbgrader"] = {"grade": False, "solution": False, "locked": False, "schema_version": 3,
+                                            **nbgrader}
+        if kind == "code":
+            made.update(outputs=[], execution_count=None)
+        return made
+
+    lines = "\n".join(MARKERS) + "\n"
+    total = len(json.dumps(nb))
+    while total < size:
+        unit = [cell("code", "# socket\n") for _ in range(40)]
+        before += unit
+        more = [
+            cell("code", lines * 20),
+            cell("code", "### BEGIN HIDDEN TESTS\n" * 400, grade=True, grade_id=f"bomb_test_{count}", points=1),
+            cell("code", "x = 1  # " + "socket exec( " * 1500 + "\n"),  # a long line
+            cell("markdown", "<div>" * 2000 + "[a](" * 500),
+            cell("markdown", "[" * 30_000),  # past what is rendered of one cell
+            cell("raw", "<b>" * 1000),
+            cell("code", "import socket\n", grade_id=f"bomb_{count}"),
+        ]
+        after += more
+        total += len(json.dumps(unit + more))
+    nb["cells"][first:first] = before
+    nb["cells"] += after
+    return json.dumps(nb)
