@@ -52,15 +52,22 @@ env: $(STAMP)
 # it out by default, and a sandboxed kernel, whose environment is read-only, would compile every module it imports
 # again at each start (the grading tests ran 30-50% slower). uv has no fallback for an index it cannot reach, so
 # torch's step stays pip's.
+# Python 3.11.5 to 3.14: tools/check_python.py makes .venv with $(PYTHON) where it is one of those, else with a CPython
+# 3.11 that uv downloads (it says so). `make env TORCH_INDEX=` (empty) takes PyPI's torch 2.13.0 instead, where
+# PyTorch's index has no CPU build for this Python or cannot be reached: on Linux x86-64 the CUDA build and its CUDA
+# packages (several GB, unpinned), installed under a copy of constraints.txt without the CPU build's label. Only
+# when asked: a failed CPU step never falls back to it.
 TORCH_INDEX := https://download.pytorch.org/whl/cpu
+CONSTRAINTS = $(if $(TORCH_INDEX),constraints.txt,$(VENV)/constraints.txt)
+NO_CPU_TORCH := pip found no torch CPU build for this Python: make env TORCH_INDEX= takes PyPI's torch instead (on Linux x86-64 the CUDA build, several GB)
 $(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) tools/check_python.py
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) tools/check_python.py $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) -c constraints.txt torch
-	$(BIN)/python -m pip install --quiet -c constraints.txt uv
-	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -c constraints.txt -e ".[dev]"
+	$(if $(TORCH_INDEX),,sed "s/^torch==\([^+]*\)+cpu /torch==\1 /" constraints.txt > $(CONSTRAINTS))
+	$(BIN)/python -m pip install --quiet --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) )-c $(CONSTRAINTS) torch \
+	  || { $(if $(TORCH_INDEX),echo "$(NO_CPU_TORCH)";) exit 1; }
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) uv
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -c $(CONSTRAINTS) -e ".[dev]"
 	$(BIN)/python -m pip check
 	$(BIN)/python tools/lab_settings.py
 	touch $(STAMP)

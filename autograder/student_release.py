@@ -204,7 +204,13 @@ def learner_pins(course_root: Path) -> list[str]:
         if name in extras and set(req.extras) <= extras[name]:
             continue
         extras.setdefault(name, set()).update(req.extras)
-        for line in importlib.metadata.requires(req.name) or []:
+        try:
+            requires = importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            # needed on Binder's Python only, not installed on the one running this (overrides, below 3.12): pinned,
+            # its own requirements unread here (pip on Binder still resolves them)
+            requires = []
+        for line in requires:
             need = Requirement(line)
             if need.marker is None or any(need.marker.evaluate({**platform, "extra": extra})
                                           for extra in extras[name] | {""}):
@@ -260,12 +266,11 @@ PYTHON ?= python3
 
 env: .venv/.installed
 
+# .venv from $(PYTHON) where it is Python 3.11.5 to 3.14, else from a CPython 3.11 that uv downloads (it says so).
 # torch first, alone, from PyTorch's CPU index: constraints.txt asks for its CPU build on Linux x86-64 (192 MB),
 # where PyPI's torch is a CUDA build of several GB.
 .venv/.installed: pyproject.toml constraints.txt
-\t@$(PYTHON) tools/check_python.py
-\trm -rf .venv
-\t$(PYTHON) -m venv .venv
+\t@$(PYTHON) tools/check_python.py .venv
 \t.venv/bin/python -m pip install --quiet --upgrade pip
 \t.venv/bin/python -m pip install --quiet --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt torch
 \t.venv/bin/python -m pip install --quiet -c constraints.txt -e .
@@ -363,8 +368,9 @@ Chapters: {", ".join(f"`{n}`" for n in names)}; notebook `notebooks/NN-topic/NN-
 
 - **On Binder**, with nothing to install: {binder}, or press "Launch on Binder" on the
   website. Binder sessions are temporary: download your notebooks before you stop.
-- **On your own machine**, with Python 3.11 and `make`: `make env` (a `.venv` with everything the course
-  needs; CPU only, offline once installed), then `make lab` (JupyterLab on `notebooks/`).
+- **On your own machine**, with `make` and Python 3.11.5 to 3.14 (with another, `make env` gets a 3.11 through
+  uv): `make env` (a `.venv` with everything the course needs; CPU only, offline once installed), then
+  `make lab` (JupyterLab on `notebooks/`).
 
 In each notebook, replace every `raise NotImplementedError()` with your code and run the test cell under it.
 A failed test names the call, what it returned and what was expected. Those tests are a sample: your
@@ -404,7 +410,7 @@ text from the course's small Shakespeare model, computed by your own code (greed
 | `src/minigpt/` | your package, built from your notebooks |
 | `src/coursekit/` | the course's tools and test helpers, and its offline data: GPT-2's tokenizer files, the Shakespeare corpus, the course's small model |
 {docs_row}| `environment.yml`, `postBuild` | Binder's environment |
-| `pyproject.toml`, `constraints.txt`, `Makefile`, `tools/` | your local environment (Python 3.11.5 or a later 3.11) |
+| `pyproject.toml`, `constraints.txt`, `Makefile`, `tools/` | your local environment (Python 3.11.5 to 3.14) |
 | `training/` | the script that trained the course's model; `make model` runs it on your package |
 
 Licence: `LICENSE` (MIT); the data's own terms are in the README of each folder under `src/coursekit/data/`.

@@ -18,7 +18,10 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PYTHON = "3.11"
-BINDER_PLATFORM = {"sys_platform": "linux", "platform_machine": "x86_64"}  # what repo2docker builds on
+# What repo2docker builds on: constraints.txt's markers for Linux x86-64 and Python 3.11 (conda-forge's newest 3.11;
+# the markers split at minor versions), whichever Python runs this.
+BINDER_PLATFORM = {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": PYTHON,
+                   "python_full_version": f"{PYTHON}.5"}
 
 
 def pins(constraints: Path = ROOT / "constraints.txt", environment: dict | None = None) -> list[str]:
