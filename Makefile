@@ -25,7 +25,7 @@ course: $(STAMP)
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
 # The whole suite on two workers, one test file each at a time, the longest files first (tests/conftest.py:
-# LONGEST_FIRST); it prints its 15 slowest tests, and fails past its time budget (tests/conftest.py: 30 minutes)
+# LONGEST_FIRST); it prints its 15 slowest tests, and fails past its time budget (tests/conftest.py: 60 minutes for now)
 # naming its 10 slowest.
 test: $(STAMP) system-packages hub-tools
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
