@@ -17,20 +17,9 @@ capability, the portable kernels. A tolerance that only held by one CPU's luck f
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 # Each a pair: the capability and the thread count of the other path. "default" is the portable kernel every x86-64
 # CPU runs; the machine's own is avx2 or avx512 on any CPU of the last ten years.
 OTHER = ("default", 2)
-
-
-def own_capability() -> str:
-    """The capability torch picks on this machine by itself (``AVX2``, ``AVX512`` or ``DEFAULT``)."""
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    return subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-                           env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def describe(capability: str, threads: int) -> str:
