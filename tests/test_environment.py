@@ -144,16 +144,6 @@ def _python_environment(python: str) -> dict:
     return dict(binder_environment.BINDER_PLATFORM, python_version=python, python_full_version=f"{python}.5")
 
 
-def _lock() -> dict[str, set[str]]:
-    """name -> every version some line of constraints.txt pins it to, whatever its marker."""
-    lock: dict[str, set[str]] = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            req = Requirement(line)
-            lock.setdefault(req.name.lower().replace("_", "-"), set()).add(next(iter(req.specifier)).version)
-    return lock
-
-
 def test_requires_python_is_the_supported_range():
     spec = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
     for python in SUPPORTED:
@@ -162,24 +152,36 @@ def test_requires_python_is_the_supported_range():
         assert not spec.contains(python) and check_python.problem(tuple(map(int, python.split(".")))) is not None
 
 
+def _uv_plan(python: str, requirements: list[str], file: Path, *options: str) -> dict[str, str] | str:
+    """uv's resolution of ``requirements`` for CPython ``python`` on Linux x86-64, wheels only, as `make env`'s uv step
+    installs them on a fresh machine."""
+    file.write_text("\n".join(requirements) + "\n")
+    proc = subprocess.run([str(Path(sys.executable).with_name("uv")), "pip", "compile", "--quiet", "--no-header",
+                           "--no-annotate", "--python-version", python, "--python-platform", "x86_64-manylinux_2_28",
+                           "--only-binary", ":all:", *options, str(file)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        return proc.stderr[-3000:]
+    return {Requirement(line).name.lower().replace("_", "-"): next(iter(Requirement(line).specifier)).version
+            for line in proc.stdout.splitlines() if line.strip() and not line.startswith("#")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("python", SUPPORTED[1:])  # 3.11: the Binder plan and the torch step above
 def test_the_lock_resolves_on_each_supported_python(python, tmp_path):
-    """pip's plan for Python ``python`` (wheels only, as a fresh machine would get) of every pin that applies there:
-    the locked versions, nothing the lock leaves out. torch is resolved alone, without its dependencies: on that
-    Python's Linux x86-64 PyTorch's CPU index would give its CPU build (that index cannot be reached here), PyPI its
-    CUDA build. pip evaluates its dependencies' markers for the interpreter that runs it, so the plan may hold a pin
-    the lock gives another Python (overrides, below 3.12): it must be the locked version all the same."""
-    target = ["--python-version", python, "--only-binary=:all:"]
+    """uv's plan for Python ``python`` (wheels only, as `make env`'s uv step on a fresh machine) of every pin that
+    applies there is exactly those pins: nothing missing, nothing added, no other version. torch is resolved alone,
+    without its dependencies: on that Python's Linux x86-64 PyTorch's CPU index would give its CPU build (that index
+    cannot be reached here), PyPI its CUDA build; either way a wheel of 2.13.0 must exist for it."""
     pins = [line for line in binder_environment.pins(environment=_python_environment(python))
             if Requirement(line).name != "torch"]
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text("\n".join(pins) + "\n")
-    plan = _resolve([*target, "-r", str(requirements)], tmp_path)
-    lock = _lock()
-    assert {Requirement(line).name.lower().replace("_", "-") for line in pins} <= set(plan)
-    assert {name: version for name, version in plan.items() if version not in lock.get(name, ())} == {}
-    assert _resolve([*target, "--no-deps", "torch==2.13.0"], tmp_path) == {"torch": "2.13.0"}
+    plan = _uv_plan(python, pins, tmp_path / "pins.txt")
+    assert isinstance(plan, dict), f"uv could not resolve the lock for Python {python}: {plan}"
+    want = {Requirement(line).name.lower().replace("_", "-"): next(iter(Requirement(line).specifier)).version
+            for line in pins}
+    assert plan == want, {name: (plan.get(name), want.get(name)) for name in set(plan) | set(want)
+                          if plan.get(name) != want.get(name)}
+    assert _uv_plan(python, ["torch==2.13.0"], tmp_path / "torch.txt", "--no-deps") == {"torch": "2.13.0"}
 
 
 import check_python  # noqa: E402 (tools/, on the path above)
