@@ -14,6 +14,7 @@ cut down, to show them; scores come from the judge's verdicts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -57,18 +58,30 @@ class Executor(NotebookClient):
                 traceback=reply["content"]["traceback"] or ["ERROR: An error occurred while showtraceback was disabled"]))
 
 
-def run_notebook(nb: NotebookNode, timeout: int, folder: str) -> None:
+def run_notebook(nb: NotebookNode, timeout: int, folder: str, started=lambda: None) -> None:
     """Execute ``nb`` in place in a python3 kernel started in ``folder``, as nbgrader's Execute preprocessor (through
     nbconvert's ``ExecutePreprocessor.preprocess``) does: every cell with ``store_history``, so that execution
-    counts are the kernel's."""
+    counts are the kernel's. ``started()`` is called once the kernel answers, before its first cell."""
     client = Executor(nb, timeout=timeout, kernel_name="python3", kernel_manager_class=AsyncKernelManager,
                       resources={"metadata": {"path": folder}}, **EXECUTE_SETTINGS)
     with client.setup_kernel():
         info = client.wait_for_reply(client.kc.kernel_info())
         nb.metadata["language_info"] = info["content"]["language_info"]
+        started()
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index, store_history=True)
     client.set_widgets_metadata()
+
+
+def tell_started() -> None:
+    """Tell the judge that the kernel answers, before any cell of the notebook runs: whatever stops the run after
+    this is the notebook's doing (recorded as its error), where a kernel that never answered is the machine's (the
+    notebook is run again). Sent before the learner's code runs, so it cannot be withheld; sent again by that code,
+    it can only make a run the learner broke count as theirs."""
+    with contextlib.suppress(OSError, wire.WireError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(os.environ[JUDGE_ENV])
+        wire.send(sock, {"started": True})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     nb = nbformat.read(args.notebook, as_version=4)
     status, detail = "ran", ""
     try:
-        run_notebook(nb, args.timeout, os.path.dirname(os.path.abspath(args.notebook)))
+        run_notebook(nb, args.timeout, os.path.dirname(os.path.abspath(args.notebook)), started=tell_started)
     except BaseException as err:  # noqa: BLE001 (a dead or deaf kernel: keep what ran until then)
         status, detail = "stopped", f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -527,6 +527,7 @@ class RunJudge:
         self.cell_timeout = cell_timeout
         self.verdicts: dict[str, Verdict] = {}
         self.executed: dict | None = None  # the executor's report of the run (untrusted: only shown)
+        self.kernel_started = False  # the executor said its kernel answered, before the first cell (execute.py)
         self.refused: list[str] = []
         self._stop = threading.Event()
         self._sessions = 0
@@ -553,7 +554,7 @@ class RunJudge:
 
     @property
     def _max_sessions(self) -> int:
-        return MAX_SESSIONS_PER_CELL * max(1, len(self.grade_ids)) + 2
+        return MAX_SESSIONS_PER_CELL * max(1, len(self.grade_ids)) + 3  # + the executor's "started", its report
 
     def _serve(self) -> None:
         while not self._stop.is_set() and self._sessions < self._max_sessions:
@@ -581,6 +582,9 @@ class RunJudge:
             return
         if "executed" in hello:
             self.executed = hello
+            return
+        if hello.get("started") is True:
+            self.kernel_started = True
             return
         grade_id, objects = hello.get("hello"), hello.get("objects")
         why = None

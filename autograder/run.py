@@ -60,7 +60,7 @@ class RunOutcome:
     seconds: float
     incident: str = ""  # what stopped the notebook before its end, in a learner's terms
     log: str = ""
-    started: bool = True  # False: the kernel never ran a cell (the machine's doing: run it again)
+    started: bool = True  # False: the kernel never answered (the machine's doing: run it again)
 
 
 class JudgeFailed(Exception):
@@ -338,7 +338,7 @@ def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, 
                         else "the notebook's kernel died before the end") + (f" ({detail})" if detail else "")
         return RunOutcome(judge.verdicts, outputs, outcome.seconds, incident,
                           log=outcome.log + "".join(f"\nrefused: {why}" for why in judge.refused),
-                          started=ran > 0 or outcome.timed_out or bool(judge.verdicts))
+                          started=ran > 0 or outcome.timed_out or bool(judge.verdicts) or judge.kernel_started)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

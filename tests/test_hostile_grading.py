@@ -375,6 +375,16 @@ def test_a_kept_log_is_written_escaped(batch):
     assert "\x1b" not in kept and "\x07" not in kept
 
 
+def test_a_run_killed_by_its_own_first_cell_is_the_notebooks_error_and_is_not_run_again(batch):
+    """The executor killed by the notebook's first cell: no cell ran to its end, but the kernel had answered (the
+    executor tells the judge so before the first cell), so the row is the notebook's (graded: nothing earned, the
+    reason said), recorded and reused by the second run, not 'the machine's doing' run again in every batch."""
+    for run in ("first", "second"):
+        r = batch[run][1]["kills-executor"]
+        assert r.status == "graded" and r.score == 0 and "killed from inside" in r.detail, (run, r.status, r.detail)
+    assert batch["second"][1]["kills-executor"].reused
+
+
 def test_a_receipt_time_that_makes_no_sense_is_not_taken(batch):
     """A receipt's time is the learner's word: one in the future is noted and not taken; the gradebook has a time
     that is not in the future (the notebook file's)."""

@@ -333,6 +333,17 @@ os._exit(0)
 """ % (KEPT_LOG_ESCAPES + "\n").encode()
 
 
+# A first cell that kills the executor (the kernel's parent), before any cell has run to its end: the run is the
+# notebook's doing, recorded as its error (not the machine's, which would run it again in every batch).
+KILL_EXECUTOR = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+
+
+def _kills_executor_first() -> str:
+    nb = _reference()
+    nb.cells.insert(0, nbformat.v4.new_code_cell(KILL_EXECUTOR))
+    return _text(nb)
+
+
 # ---------------------------------------------------------------- fooling the people who read the results
 
 XSS_MARKDOWN = (
@@ -583,6 +594,7 @@ HOSTILE = [
     Hostile("markers-bomb", "300 cells `# socket` before the first graded one, 20,000 lines `### BEGIN HIDDEN TESTS`",
             _markers_bomb),
     Hostile("bad-replies", "every reply to the judge is {'bad': terminal escapes}", _reference_with(BAD_REPLIES)),
+    Hostile("kills-executor", "its first cell kills the executor, the kernel's parent", _kills_executor_first),
     # fooling the people who read the results
     Hostile("fools-readers", "script in markdown, terminal escapes in a line the review notes quote",
             _fools_readers),
