@@ -303,7 +303,9 @@ def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, 
         nbformat.write(sent, run_dir / "in" / name)
         blocked = blocked_modules(chapter)
         sandbox.prepare(run_dir, chapter, blocked)
-        box = sandbox.Limits(memory=limits.memory, processes=limits.processes, timeout=limits.timeout)
+        # CPU: the notebook's threads, and half a core for the executor and the kernel's own threads (sandbox.Cgroup)
+        box = sandbox.Limits(memory=limits.memory, processes=limits.processes, timeout=limits.timeout,
+                             cpus=threads + 0.5)
         with RunJudge(run_dir / "sock" / "judge", judged_cells(nb), solution_cell_names(nb),
                       cell_timeout=limits.cell_timeout + 15) as judge:
             if sandboxed:

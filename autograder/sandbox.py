@@ -60,6 +60,7 @@ class Limits:
     processes: int = 64
     tmp_size: int = 1 << 30  # bytes of /tmp and of the home folder, each (in memory: counted in `memory`)
     timeout: float = 900.0  # seconds for the whole notebook
+    cpus: float | None = None  # cores' worth of CPU time for all its processes together (cgroup); None: no cap
 
 
 def bwrap() -> str | None:
@@ -167,16 +168,23 @@ def prepare(run_dir: Path, chapter: str, blocked: list[str]) -> None:
 # Total memory and processes: a cgroup per run (v1 or v2), or a watchdog
 
 
+CPU_PERIOD = 100_000  # µs: the period of a run's CPU quota
+
+
 class Cgroup:
-    """A cgroup of one run with memory and process limits, v2 or v1 (memory and pids controllers)."""
+    """A cgroup of one run with memory and process limits, v2 or v1 (memory and pids controllers), and its CPU: an
+    equal share beside every other run, however many processes or sessions it starts (the cpu controller's weight),
+    capped at ``limits.cpus`` cores' worth (its quota), where the machine offers the cpu controller."""
 
     def __init__(self, name: str, limits: Limits):
         self.paths: list[Path] = []
+        quota = None if limits.cpus is None else max(1000, round(limits.cpus * CPU_PERIOD))
         if (CGROUP_ROOT / "cgroup.controllers").is_file():  # v2
             parent = CGROUP_ROOT / CGROUP_PARENT
             parent.mkdir(exist_ok=True)
-            with contextlib.suppress(OSError):
-                (parent / "cgroup.subtree_control").write_text("+memory +pids")
+            for controller in ("+memory +pids", "+cpu"):
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text(controller)
             path = parent / name
             path.mkdir()
             self.paths = [path]
@@ -184,6 +192,10 @@ class Cgroup:
             with contextlib.suppress(OSError):
                 (path / "memory.swap.max").write_text("0")
             (path / "pids.max").write_text(str(limits.processes))
+            with contextlib.suppress(OSError):  # no cpu controller here: memory and processes only
+                (path / "cpu.weight").write_text("100")
+                if quota is not None:
+                    (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD}")
             return
         for controller, settings in (("memory", {"memory.limit_in_bytes": limits.memory,
                                                  "memory.memsw.limit_in_bytes": limits.memory}),
@@ -194,6 +206,14 @@ class Cgroup:
             for key, value in settings.items():
                 with contextlib.suppress(FileNotFoundError, PermissionError):  # no swap accounting: no memsw
                     (path / key).write_text(str(value))
+        with contextlib.suppress(OSError):  # no cpu controller here: memory and processes only
+            path = CGROUP_ROOT / "cpu" / CGROUP_PARENT / name
+            path.mkdir(parents=True)
+            self.paths.append(path)
+            (path / "cpu.shares").write_text("1024")
+            if quota is not None:
+                (path / "cpu.cfs_period_us").write_text(str(CPU_PERIOD))
+                (path / "cpu.cfs_quota_us").write_text(str(quota))
 
     @classmethod
     def make(cls, limits: Limits) -> "Cgroup | None":
@@ -209,7 +229,7 @@ class Cgroup:
     def sweep() -> None:
         """Remove the cgroups that graders no longer running left behind (killed before they could)."""
         for parent in (CGROUP_ROOT / CGROUP_PARENT, CGROUP_ROOT / "memory" / CGROUP_PARENT,
-                       CGROUP_ROOT / "pids" / CGROUP_PARENT):
+                       CGROUP_ROOT / "pids" / CGROUP_PARENT, CGROUP_ROOT / "cpu" / CGROUP_PARENT):
             for path in parent.glob("*-*") if parent.is_dir() else ():
                 owner = path.name.split("-", 1)[0]
                 if owner.isdigit() and not Path(f"/proc/{owner}").exists():

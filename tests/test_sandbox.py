@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,36 @@ def test_the_course_stays_in_view_wherever_it_lies(tmp_path):
                            cell_timeout=10, limits=sandbox.Limits(memory=1 << 30))
     first_bind = args.index("--ro-bind")
     assert args.index("/tmp") < first_bind and args.index(str(sandbox.HOME)) < first_bind
+
+
+SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\n"
+SPINNERS = """\
+import os, time
+for _ in range(40):  # each in a process session of its own, as a notebook's children may be
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+time.sleep(60)
+"""
+
+
+def test_a_run_that_spins_up_many_sessions_gets_no_more_cpu_than_the_run_beside_it(tmp_path):
+    """Issue 43: 40 spinning processes, each in its own session, beside a run that needs 1.5 s of CPU: the other
+    run's time stays within 2x of its time alone (each run's cgroup has an equal share of the CPU, capped at its
+    cores' worth)."""
+    import concurrent.futures
+
+    def victim() -> float:
+        return sandbox.run([sys.executable, "-c", SPIN.format(seconds=1.5)],
+                           sandbox.Limits(memory=1 << 30, timeout=60, cpus=1.5)).seconds
+
+    alone = min(victim() for _ in range(2))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        spinners = pool.submit(sandbox.run, [sys.executable, "-c", SPINNERS],
+                               sandbox.Limits(memory=1 << 30, timeout=8, cpus=1.5))
+        time.sleep(1.5)  # the spinners are running
+        beside = victim()
+        outcome = spinners.result()
+    assert outcome.isolation == "cgroup" and outcome.timed_out
+    assert beside < 2 * alone, f"{beside:.1f} s beside 40 spinning sessions, {alone:.1f} s alone"
