@@ -403,6 +403,9 @@ class TrieNode:
     ids: list[int] = dataclasses.field(default_factory=list)
     children: dict[int, "TrieNode"] = dataclasses.field(default_factory=dict)
 
+    def __repr__(self) -> str:  # the child bytes, not the whole subtree: GPT-2's trie has about 98,000 nodes
+        return f"TrieNode(ids={self.ids}, children={sorted(self.children)})"
+
 
 def build_trie(vocab: list[bytes | None]) -> TrieNode:
     """The trie of every token's bytes (None and b"" left out): the path of bytes of token i ends at a node
