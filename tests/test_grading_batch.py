@@ -1,11 +1,11 @@
 """minigpt-grade, end to end, on every chapter in one batch, against the warm kernel's grading of the same notebooks.
 
 The chapters' tests (tests/test_chapterNN_grading.py) grade every mutant and variant in a warm learner-side process
-through the real judge (tests/submissions/grading.py): no sandbox, no nbgrader, no new kernel per notebook. Here four
+through the real judge (tests/submissions/grading.py): no sandbox, no nbgrader, no new kernel per notebook. Here three
 notebooks of every chapter go through the real ``minigpt-grade`` path (``grade.grade``: intake, nbgrader's
 preprocessors, a sandboxed kernel per notebook, a judge process each, the gradebook, feedback), in one class folder
-graded as one batch, so that nbgrader's start-up is paid once: the reference, the untouched release, a mistake (the
-chapter's first that loses points in two cells or more) and a different correct answer. Each must meet the chapter's
+graded as one batch, so that nbgrader's start-up is paid once: the reference, the untouched release and a mistake (the
+chapter's first that loses points in two cells or more). Each must meet the chapter's
 expectations, and get, cell for cell, the same scores and messages from the warm kernel: what lets the chapters'
 tests stand for the grader. The warm kernel's results are those the chapters' tests left in this run
 (``share_warm``; `make test` runs this file last); a notebook no chapter's tests judged (this file run alone) is
@@ -24,7 +24,7 @@ from autograder.run import judged_cells
 from minigpt import CHAPTERS as MODULES
 from submissions import graded_notebook, learner_notebook
 from submissions.grading import (BATCH_STUDENTS, batch_cases, expect_mutant, expect_reference, expect_untouched,
-                                 expect_variant, judge_submission, learner_errors, shared_warm, submission, summary,
+                                 judge_submission, learner_errors, shared_warm, submission, summary,
                                  warm_kernel)
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def chapter_module(chapter: str):
 
 
 def cases(chapter: str) -> dict:
-    """{student: case} of one chapter: what each of the four students hands in."""
+    """{student: case} of one chapter: what each of the three students hands in."""
     return batch_cases(chapter_module(chapter))
 
 
@@ -82,7 +82,6 @@ def test_the_grader_meets_the_chapters_expectations(batch, chapter):
     expect_reference(graded["reference"])
     expect_untouched(graded["untouched"], judged_test_cells(chapter))
     expect_mutant(graded["mistake"], chosen["mistake"])
-    expect_variant(graded["variant"], chosen["variant"])
 
 
 def row(result: base.Result) -> tuple:

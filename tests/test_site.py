@@ -93,7 +93,8 @@ def browse(chromium, base_url):
     """browse(page, *flags) -> chromium's stdout for book page ``page`` (a docname such as book/01-tokens);
     ``query`` is added to its URL, ``window`` and ``budget`` (ms of virtual time for scripts) may be changed."""
 
-    def run(page: str, *flags: str, query: str = "", window: str = "1280,2000", budget: int = 10000) -> str:
+    def run(page: str, *flags: str, query: str = "", window: str = "1280,2000", budget: int = 10000,
+            timeout: int = 120) -> str:
         with tempfile.TemporaryDirectory() as profile:
             result = subprocess.run(
                 [
@@ -116,7 +117,7 @@ def browse(chromium, base_url):
                 ],
                 capture_output=True,
                 text=True,
-                timeout=120,
+                timeout=timeout,
             )
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
@@ -125,13 +126,13 @@ def browse(chromium, base_url):
 
 
 @pytest.fixture(scope="session")
-def dom(browse):
-    """dom(page) -> the page's DOM after scripts ran, parsed; one chromium run per page."""
+def dom(layouts):
+    """dom(page) -> the page's DOM after scripts ran (at a laptop's width: ``layouts``), parsed."""
     cache = {}
 
     def get(page: str) -> "Dom":
         if page not in cache:
-            cache[page] = Dom(browse(page, "--dump-dom"))
+            cache[page] = Dom(layouts[page]["dom"])
         return cache[page]
 
     return get
@@ -306,21 +307,24 @@ LAYOUT_WIDTHS = (1366, 390)  # a laptop, a phone
 
 
 @pytest.fixture(scope="session")
-def layout_probe(site) -> str:
-    """tests/layout_probe.html, served beside the pages it measures (it reads them in frames of the same origin)."""
+def layouts(browse, site) -> dict:
+    """{page: {"widths": {width: [problem, ...]}, "dom": the page's HTML after its scripts ran}} of every page of the
+    site, measured by tests/layout_probe.html, served beside the pages it measures (it reads them in frames of the
+    same origin), in one chromium run: a browser each took 1 s of the 2.5 s a page costs."""
     shutil.copy(ROOT / "tests" / "layout_probe.html", site / "_layout_probe.html")
-    return "_layout_probe"
+    out = browse("_layout_probe", "--dump-dom", query=f"pages={','.join(ALL_PAGES)}&widths="
+                 f"{','.join(map(str, LAYOUT_WIDTHS))}", window=f"{max(LAYOUT_WIDTHS) + 40},3100",
+                 budget=30000 * len(ALL_PAGES), timeout=60 + 30 * len(ALL_PAGES))
+    return json.loads(html.unescape(re.search(r'<pre id="result">(.*?)</pre>', out, re.S)[1]))
 
 
 @pytest.mark.parametrize("page", ALL_PAGES)
-def test_nothing_is_cut_off_or_wider_than_the_text_column(browse, layout_probe, page):
+def test_nothing_is_cut_off_or_wider_than_the_text_column(layouts, page):
     """At a laptop's and a phone's width, every element fits the text column or scrolls inside a box of its own
     (wide tables and formulas), and no box cuts off its content."""
-    out = browse(layout_probe, "--dump-dom", query=f"page={page}&widths={','.join(map(str, LAYOUT_WIDTHS))}",
-                 window=f"{max(LAYOUT_WIDTHS) + 40},3100", budget=60000)
-    found = json.loads(html.unescape(re.search(r'<pre id="result">(.*?)</pre>', out, re.S)[1]))
+    found = layouts[page]
     assert "error" not in found, found
-    problems = [f"at {width} px: {problem}" for width, listed in found.items() for problem in listed]
+    problems = [f"at {width} px: {problem}" for width, listed in found["widths"].items() for problem in listed]
     assert not problems, f"{page}:\n" + "\n".join(problems)
 
 
