@@ -7,7 +7,9 @@ tested against Hugging Face's ``GPT2LMHeadModel`` in the course's tests) with th
 padded row's logits must be the row's own, to float rounding. For generation: Hugging Face's ``generate`` on the
 same left-padded batch (``attention_mask``, greedy), token for token, and chapter 6's reference ``generate`` of each
 prompt alone, with the same sampler settings and seeds (ids, text and finish reason); the course's shipped model on
-both sides.
+both sides where its weights are the point (Hugging Face's batch, stop strings in its text), a seeded random GPT
+where they are not (rows that meet an end id, a sampler per row, the count of forward passes): a decode step of the
+shipped model costs tens of milliseconds, one of the random GPT's a fraction of one.
 
 The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, and so do
 the models, caches, samplers and tokenizer they are given, built there from plain recipes
@@ -394,7 +396,9 @@ def _check_decode(forward_padded, name, rows, because):
 HF_GREEDY, ENDS, SAMPLING, ONE_PASS = ("greedy, as Hugging Face's generate on the batch", "rows that finish apart",
                                        "a sampler per row", "one forward pass of the batch per token")
 GREEDY_PROMPTS = ["ROMEO:", "Now is the winter of our discontent", "O", "What light through yonder window breaks?"]
+GREEDY_NEW = 8  # new tokens a row: the mistakes of padding, positions and masks show within the first 4
 STOP_PROMPTS = ["KING HENRY:\nOnce more unto the breach,", "To be, or not to be", "JULIET:"]
+STOP_NEW = 8  # alone, the rows meet a stop string after 1, 4 and 1 tokens
 # The end id of the random GPT "a" in ENDS: alone, its rows meet it after 4, never, 9 and 5 tokens.
 EOS_A = 65
 SAMPLE_SETTINGS = [dict(do_sample=True, temperature=0.9, top_k=50, seed=11),
@@ -441,6 +445,9 @@ def _alone_all(model, prompts, n, settings=None, **options) -> list[list]:
 
 STOPS = [",", "\n"]
 EOS_ROWS = [[5, 6, 7], [40], [60, 61, 62, 63, 64], [80, 81]]  # prompts of the random GPT "a"
+# Sampled by the random GPT "a": 5 tokens and 10 new ones leave a position of its 16 for a pass after the last
+# token, so that a loop that makes one is told so by the one-pass part, not by an IndexError here.
+SAMPLE_ROWS, SAMPLE_NEW = EOS_ROWS[:3], 10
 GENERATION_CASES = ("hf", "greedy", "stops", "eos", "sampling")
 
 
@@ -452,21 +459,21 @@ def _expected(case: str) -> list:
     enc = _encoding()
     greedy = [enc.encode(p) for p in GREEDY_PROMPTS]
     if case == "hf":
-        return _hf_batch(greedy, 16, enc.eot_token)
+        return _hf_batch(greedy, GREEDY_NEW, enc.eot_token)
     if case == "greedy":
-        return _alone_all(_shipped(), greedy, 16)
+        return _alone_all(_shipped(), greedy, GREEDY_NEW)
     if case == "stops":
-        return _alone_all(_shipped(), [enc.encode(p) for p in STOP_PROMPTS], 24, stop=STOPS)
+        return _alone_all(_shipped(), [enc.encode(p) for p in STOP_PROMPTS], STOP_NEW, stop=STOPS)
     if case == "eos":
         return _alone_all(_model("a"), EOS_ROWS, 12, eos_ids=[EOS_A])
     if case == "sampling":
-        return _alone_all(_shipped(), greedy[:3], 12, SAMPLE_SETTINGS)
+        return _alone_all(_model("a"), SAMPLE_ROWS, SAMPLE_NEW, SAMPLE_SETTINGS)
     raise KeyError(case)
 
 
 def warm_up() -> None:
     """test_generate_batch's expected answers, computed in the grader's fork server (``autograder.warm``): each
-    judge process forked from it starts with them (about 2 s of generation a notebook otherwise)."""
+    judge process forked from it starts with them (about 1 s of generation a notebook otherwise)."""
     for case in GENERATION_CASES:
         _expected(case)
 
@@ -506,9 +513,9 @@ def check_generate_batch(generate_batch):
     with part(HF_GREEDY):
         prompts = [enc.encode(p) for p in GREEDY_PROMPTS]
         label = f"generate_batch(<the course's model>, <GPT-2's tokenizer>, <{len(prompts)} prompts of " \
-                f"{', '.join(str(len(p)) for p in prompts)} tokens>, 16)"
-        got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts, 16,
-                                       label=label), len(prompts))
+                f"{', '.join(str(len(p)) for p in prompts)} tokens>, {GREEDY_NEW})"
+        got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts,
+                                       GREEDY_NEW, label=label), len(prompts))
         for b, (g, want) in enumerate(zip(got, _expected("hf"))):
             if g[0] != want:
                 fail(f"{label}: row {b} departs from Hugging Face's generate on the same left-padded batch: "
@@ -517,9 +524,10 @@ def check_generate_batch(generate_batch):
         _compare(label, got, _expected("greedy"), "each row as its prompt generated alone" + tail)
     with part(ENDS):
         prompts = [enc.encode(p) for p in STOP_PROMPTS]
-        label = f"generate_batch(<the course's model>, <GPT-2's tokenizer>, {show(STOP_PROMPTS)}, 24, stop=[',', '\\n'])"
-        got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts, 24,
-                                       stop=STOPS, label=label), len(prompts))
+        label = f"generate_batch(<the course's model>, <GPT-2's tokenizer>, {show(STOP_PROMPTS)}, {STOP_NEW}, " \
+                "stop=[',', '\\n'])"
+        got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts,
+                                       STOP_NEW, stop=STOPS, label=label), len(prompts))
         _compare(label, got, _expected("stops"),
                  "a row that reached a stop string (or an end id) is finished: add no token to it, while the other "
                  "rows go on" + tail)
@@ -531,12 +539,12 @@ def check_generate_batch(generate_batch):
         _compare(label, got, _expected("eos"),
                  "a row ends at its end id (finish reason 'eos'), the others go on" + tail)
     with part(SAMPLING):
-        prompts = [enc.encode(p) for p in GREEDY_PROMPTS[:3]]
+        theirs, rows = make("batching.watched_gpt", **_recipe("a")), SAMPLE_ROWS
         samplers = [make("batching.sampler", **s) for s in SAMPLE_SETTINGS]
-        label = f"generate_batch(<the course's model>, <GPT-2's tokenizer>, <3 prompts>, 12, samplers=[Sampler(" \
+        label = f"generate_batch(<a random GPT>, <GPT-2's tokenizer>, {show(rows)}, {SAMPLE_NEW}, samplers=[Sampler(" \
                 f"{', '.join(f'{k}={v}' for k, v in SAMPLE_SETTINGS[0].items())}), ...])"
-        got = _generations(label, call(ask, "batching.generations", generate_batch, shipped, theirs_enc, prompts, 12,
-                                       samplers=samplers, label=label), len(prompts))
+        got = _generations(label, call(ask, "batching.generations", generate_batch, theirs, theirs_enc, rows,
+                                       SAMPLE_NEW, samplers=samplers, label=label), len(rows))
         _compare(label, got, _expected("sampling"),
                  "row b draws its tokens with samplers[b] (its own seed), called with that row's logits and ids, "
                  "once per new token of that row" + tail)
