@@ -101,7 +101,7 @@ class Oracle:
     hf: torch.nn.Module
     enc: object  # tiktoken.Encoding
     text: list[int]  # a page of a play the model never trained on: a full window and a little more
-    generated: dict = dataclasses.field(default_factory=dict, repr=False)  # hf_generate's answers, computed once
+    generated: dict = dataclasses.field(default_factory=dict, repr=False)  # the oracle's generations, computed once
 
     @property
     def config(self):
@@ -180,6 +180,14 @@ def hf_generate(o: Oracle, prompt: list[int], n: int, seed: int | None = None, *
             out = o.hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                 max_new_tokens=n, pad_token_id=o.enc.eot_token, **settings)
         o.generated[key] = _until_end(out[0, len(prompt):].tolist(), {o.enc.eot_token})
+    return list(o.generated[key])
+
+
+def hf_drive(o: Oracle, prompt: list[int], n: int) -> list[int]:
+    """``drive`` with Hugging Face's model, greedy: the same answer for every package compared with this oracle."""
+    key = ("drive", tuple(prompt), n)
+    if key not in o.generated:
+        o.generated[key] = drive(HFModel(o.hf, last_only=True), prompt, n)
     return list(o.generated[key])
 
 
@@ -443,13 +451,13 @@ def check_generation(probe: Probe, o: Oracle) -> str:
                 f"{show(text[:text.find(stop)])} and 'stop'")
     ids, block = o.text, o.config.n_positions  # 8 tokens more than the window holds
     call = f"last_logits(model, {len(ids)} ids)"
-    close(probe.call(generation.last_logits, model, ids, label=call), o.hf(torch.tensor([ids[-block:]])).logits[0, -1],
-          call, f"Hugging Face's logits after the last {block}")
+    close(probe.call(generation.last_logits, model, ids, label=call),
+          o.hf(torch.tensor([ids[-block:]]), logits_to_keep=1).logits[0, -1], call,
+          f"Hugging Face's logits after the last {block}")
     prompt = o.window[:block - 2]  # 2 tokens fill the window, the next ones slide it
     call = f"token_stream(model, a prompt of block_size - 2 tokens, {SLIDE_TOKENS})"
     got = probe.call(lambda: list(generation.token_stream(model, prompt, SLIDE_TOKENS)), label=call)
-    same_ids(got, drive(HFModel(o.hf, last_only=True), prompt, SLIDE_TOKENS), call,
-             "Hugging Face's model on the last block_size tokens", o)
+    same_ids(got, hf_drive(o, prompt, SLIDE_TOKENS), call, "Hugging Face's model on the last block_size tokens", o)
     return "greedy ids and text equal Hugging Face's generate, a stop string cuts the text, and the window " \
            "slides past block_size"
 
@@ -461,7 +469,7 @@ def check_samplers(probe: Probe, o: Oracle) -> str:
     samplers = probe.module("samplers")
     ids = torch.tensor([o.window[:64], o.window[64:128]])  # two rows of real text, with repeated pairs
     with torch.no_grad():
-        logits = o.hf(ids).logits[:, -1]  # (2, V)
+        logits = o.hf(ids, logits_to_keep=1).logits[:, -1]  # (2, V)
     cases = [("apply_temperature", (0.7,), TemperatureLogitsWarper(0.7)),
              ("top_k_filter", (40,), TopKLogitsWarper(40)),
              ("top_p_filter", (0.9,), TopPLogitsWarper(0.9)),
@@ -894,16 +902,25 @@ _FILL = {MATCHES: "#d7f5d0", DIFFERS: "#ffd7d5", CRASHED: "#ffd7d5", NOT_WRITTEN
          None: "#ddf4ff"}
 
 
-def draw_pipeline(report: Report | None = None, prompt: str = PROMPT, model_dir: str | Path | None = None):
+def draw_pipeline(report: Report | None = None, prompt: str = PROMPT, model_dir: str | Path | None = None,
+                  model=None):
     """The pieces as one token goes through them, with the shapes of the course's model for ``prompt``; each
-    box coloured by the report's status of its pieces (a box of several pieces takes the worst). A Figure."""
+    box coloured by the report's status of its pieces (a box of several pieces takes the worst). A Figure.
+    ``model``, a GPT holding the course's weights (``model(idx)`` gives logits, ``model.config`` its shape), picks
+    the next token shown instead of Hugging Face's oracle, which is then not loaded (nor transformers imported)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    o = oracle(model_dir)
-    c, ids = o.config, o.enc.encode(prompt, allowed_special="all")
+    if model is None:
+        o = oracle(model_dir)
+        c, enc, piece = o.config, o.enc, o.piece
+        forward = lambda idx: o.hf(idx).logits
+    else:
+        c, enc, forward = model.config, coursekit.gpt2_encoding(), model
+        piece = lambda token: enc.decode([token])
+    ids = enc.encode(prompt, allowed_special="all")
     with torch.no_grad():
-        next_id = int(o.hf(torch.tensor([ids])).logits[0, -1].argmax())
+        next_id = int(forward(torch.tensor([ids]))[0, -1].argmax())
     status = report.status if report is not None else {}
 
     def fill(*pieces):
@@ -929,7 +946,7 @@ def draw_pipeline(report: Report | None = None, prompt: str = PROMPT, model_dir:
     ax.text(0.6, y + 0.55, "text", ha="center", va="bottom", fontsize=7.5, color="#333")
     ax.text(0.6, y, f"{prompt!r}"[1:-1], ha="center", va="center", fontsize=8.5, family="monospace")
     ax.annotate("", (1.18, y), (1.02, y), arrowprops=arrow)
-    ax.text(9.8, 1.15, f"next token\n{o.piece(next_id)!r}", ha="left", va="center", fontsize=7.5, color="#333")
+    ax.text(9.8, 1.15, f"next token\n{piece(next_id)!r}", ha="left", va="center", fontsize=7.5, color="#333")
     # The cache sits beside the blocks; the loop takes the chosen token back to the embeddings.
     ax.add_patch(FancyBboxPatch((4.4, 0.8), 2.8, 0.6, boxstyle="round,pad=0.05", fc=fill("kv-cache"), ec="#555"))
     ax.text(5.8, 1.1, f"KV cache, ch. 7: {c.n_layer} layers of keys and\nof values, each (1, {c.n_head}, T, "
