@@ -5,8 +5,13 @@ Builds the book once per session with the Makefile's command (``-W``: any warnin
 other host does not exist. So a formula that comes out typeset proves MathJax is served from the book
 itself, not from a CDN.
 
+The build here is the Makefile's with the pages' clocks off (``coursekit.clocks``): every cell runs and every claim
+about numbers is asserted, timing loops take one round and no claim about time is asserted (the machine running the
+suite shares its cores; ``make course`` measures and asserts them). So it goes to a folder of its own, whose
+executed notebooks (its jupyter-cache) ``make course`` never reuses, and leaves the course's ``_build`` alone.
+
 The student release's website (``make student-release``) is tested here too, after the book: its pages run the same
-code, and its build reuses the book's executed notebooks (the book's jupyter-cache) instead of running them all
+code, and its build reuses the book's executed notebooks (the build's jupyter-cache) instead of running them all
 again. In one file, the two builds never run at once (pytest-xdist ``--dist loadfile``).
 """
 import html
@@ -26,10 +31,11 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
+from coursekit import clocks
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "_build" / "html"
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
 CHAPTERS = [
@@ -38,27 +44,36 @@ CHAPTERS = [
 CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium"
 
 
-def build_command() -> list[str]:
+def build_command(output: Path) -> list[str]:
+    """The Makefile's ``make course`` command, its build in ``output``/_build."""
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    return [str(jupyter_book), "build", "--all", "-W", "--keep-going", "."]
+    return [str(jupyter_book), "build", "--all", "-W", "--keep-going", "--path-output", str(output), "."]
 
 
 @pytest.fixture(scope="session")
-def site() -> Path:
+def built(tmp_path_factory) -> Path:
+    """The folder of the book's build (its ``html`` and ``.jupyter_cache``), the pages' clocks off."""
+    output = tmp_path_factory.mktemp("book")
     env = dict(
         os.environ,
         TIKTOKEN_CACHE_DIR=str(ROOT / "src" / "coursekit" / "data" / "tiktoken"),
         HF_HUB_OFFLINE="1",
+        **{clocks.ENV: "off"},
     )
     start = time.time()
     result = subprocess.run(
-        build_command(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+        build_command(output), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
     )
     if result.returncode != 0:  # the failing pages' errors first (as `make course` says them), then the build's log
-        why = subprocess.run([sys.executable, str(ROOT / "tools" / "build_failures.py"), "--since", str(start)],
-                             capture_output=True, text=True).stderr
+        why = subprocess.run([sys.executable, str(ROOT / "tools" / "build_failures.py"), "--since", str(start),
+                              "--html", str(output / "_build" / "html")], capture_output=True, text=True).stderr
         pytest.fail(f"book build failed:{why}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}", pytrace=False)
-    return HTML
+    return output / "_build"
+
+
+@pytest.fixture(scope="session")
+def site(built) -> Path:
+    return built / "html"
 
 
 @pytest.fixture(scope="session")
@@ -328,17 +343,17 @@ def test_nothing_is_cut_off_or_wider_than_the_text_column(layouts, page):
     assert not problems, f"{page}:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("url", ["https://github.com/example-school/minigpt-learners",
-                                 "https://gitea.example-school.org/teach/minigpt-learners"])
-def test_the_student_release_website_opens_the_release_on_binder(site, tmp_path, url):
+def test_the_student_release_website_opens_the_release_on_binder(built, tmp_path):
     """``make student-release``'s whole command: the book built with the release's repository, every Binder link
     (the exercise boxes', the theme's buttons on notebook pages) opening a notebook the release has, and a clean
-    scan; on GitHub and on a host the theme does not know (its buttons then link the repository GitHub's way)."""
+    scan, on a host the theme does not know (its buttons then link the repository GitHub's way). One build (50 s):
+    on GitHub, the theme's own provider, the config differs only in the repository (the next test)."""
     from autograder import student_release as sr
 
+    url = "https://gitea.example-school.org/teach/minigpt-learners"
     out = tmp_path / "release"
     # build() raises if a Binder link opens anything else
-    assert sr.build(out, ROOT, url, "main") == []
+    assert sr.build(out, ROOT, url, "main", execution_cache=built / ".jupyter_cache") == []
     assert sr.scan(out) == []
     pages = list((out / "docs").rglob("*.html"))
     links = {link for page in pages for link in re.findall(r'href="(https://mybinder\.org/[^"]+)"', page.read_text())}
@@ -348,3 +363,21 @@ def test_the_student_release_website_opens_the_release_on_binder(site, tmp_path,
     assert "minigpt-grade" not in box and "hidden tests grade it" in box
     notebook = (out / "docs" / "notebooks" / chapters[0] / f"{chapters[0]}.html").read_text()
     assert f'href="{url}"' in notebook and f'href="{url}/issues' in notebook, "the repository and issues buttons"
+
+
+@pytest.mark.parametrize("url", ["https://github.com/example-school/minigpt-learners",
+                                 "https://gitlab.com/example-school/minigpt-learners",
+                                 "https://gitea.example-school.org/teach/minigpt-learners"])
+def test_the_student_release_book_config_names_its_repository(tmp_path, url):
+    """The release's book config: its repository and branch, the course's execution cache, and a theme provider
+    only for a host the theme does not know (GitHub's and GitLab's it reads from the address)."""
+    from autograder import student_release as sr
+
+    config = sr.release_book_config(ROOT, tmp_path, url, "main")
+    assert config["repository"]["url"] == url and config["repository"]["branch"] == "main"
+    options = config["sphinx"]["config"].get("html_theme_options", {})
+    assert options.get("repository_provider") == (None if "gitea" not in url else "github")
+    link = sr.binder_url(ROOT, url, "main", "notebooks/01-tokens/01-tokens.ipynb")
+    assert link.startswith(CONFIG["launch_buttons"]["binderhub_url"]) and link.endswith(
+        "urlpath=lab/tree/notebooks/01-tokens/01-tokens.ipynb"), link
+    assert ("/gh/example-school/minigpt-learners/main" in link) == ("github" in url), link
