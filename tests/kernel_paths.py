@@ -8,12 +8,13 @@ capability, the portable kernels. A tolerance that only held by one CPU's luck f
 - The pages: each chapter page's cells, build-time assertions included, executed again with the portable kernels on
   one thread (``tests/test_kernel_paths.py``); the book build runs them on the machine's own, pages 1 to 4 on every
   core, the others on one thread.
-- The learners' side: the reference answer and every correct variant of each chapter graded again in a warm kernel on
-  ``OTHER`` (``tests/submissions/grading.py``), the portable kernels on two threads: their visible tests, which compare
+- The learners' side: the reference answer of each chapter graded again, and every correct variant graded, in a warm
+  kernel on ``OTHER`` (``tests/submissions/grading.py``), the portable kernels on two threads: their visible tests, which compare
   with Hugging Face's answers recorded on another machine (``coursekit.recorded``), and the learner side of every
   hidden check; the judge, in the test process, stays on the machine's own kernels with two threads, so each hidden
   check compares answers computed on two different paths, a harder test than a grading machine's, where both sides
-  share one CPU. The chapters' own run grades the same notebooks on the machine's kernels, one thread a side.
+  share one CPU. The chapters' own run grades the reference and every mistake on the machine's kernels, one thread a
+  side.
 """
 from __future__ import annotations
 
