@@ -4,7 +4,9 @@ Graded by ``minigpt-grade``, a notebook runs in a sandbox, and ``check`` only se
 outside (the Unix socket named by ``MINIGPT_JUDGE``), which runs the checks of that test cell and asks for
 calls of the learner's objects ("call pre_split with this text", "next item of this generator"); each answer
 goes back as plain data (``autograder.wire``). The expected answers, the checks and the verdict stay outside,
-where no learner code runs.
+where no learner code runs. While the learner's code answers a request, a module whose weights are the judge's (a
+layer of a model the judge had built here: ``ask_judge``) asks the judge for its output, on the same connection:
+the judge computes it and counts the call.
 
 Run anywhere else (plain ``nbgrader autograde``, the course's own tests) there is no judge to connect to, and
 the judge runs in this process instead: a trusted setting. The wall is the same plain data, so the verdicts
@@ -67,9 +69,9 @@ def untouched():
 
 def serve(address: str, grade_id: str, objects: tuple) -> None:
     """Answer the judge's requests about ``objects`` until it is done with this test cell."""
-    server = Server(objects)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(address)
+        server = Server(objects, lambda message: (wire.send(sock, message), wire.receive(sock))[1])
         wire.send(sock, {"hello": grade_id, "objects": [server.describe(i) for i in range(len(objects))]})
         while True:
             message = wire.receive(sock)
@@ -86,9 +88,10 @@ class Server:
     its requests. Whatever the learner's code returns goes back as plain data; what is not plain data stays
     here and goes back as a reference, a number the judge can ask about."""
 
-    def __init__(self, objects):
+    def __init__(self, objects, channel=None):
         self.objects = dict(enumerate(objects))
         self.counter = itertools.count(len(objects))
+        self.channel = channel  # a message to the judge -> its answer, while one of its requests runs
 
     def describe(self, i: int) -> dict:
         obj = self.objects[i]
@@ -122,7 +125,7 @@ class Server:
         except (KeyError, TypeError, wire.WireError) as err:
             return {"bad": f"{type(err).__name__}: {err}"}
         try:
-            with _options(options):
+            with _options(options), _talking(self.channel):
                 if op == "next":
                     try:
                         value = next(target)
@@ -181,6 +184,36 @@ class Server:
                 self.objects.pop(i, None)
             return None
         raise wire.WireError(f"unknown request {op!r}")
+
+
+_channel = None  # the Server's way to the judge while it answers one of its requests
+
+
+@contextlib.contextmanager
+def _talking(channel):
+    global _channel
+    before, _channel = _channel, channel
+    try:
+        yield
+    finally:
+        _channel = before
+
+
+class Refused(BaseException):
+    """The judge refused a call of one of its served modules (too many, too large, malformed): the request ends
+    (a BaseException, so that the learner's ``except Exception`` lets it through), and the judge fails it."""
+
+
+def ask_judge(service: int, x):
+    """The output of the module ``service`` that the judge serves (``judge.serve``: its weights are only there) on
+    the tensor ``x``, asked while the judge waits for the answer to one of its requests, which is the only time the
+    judge reads this side."""
+    if _channel is None:
+        raise RuntimeError("this module runs on the grader's side: it answers only while a hidden test runs")
+    reply = _channel({"serve": service, "input": wire.encode(x)})
+    if isinstance(reply, dict) and "served" in reply:
+        return wire.decode(reply["served"])
+    raise Refused(str(reply.get("refused") if isinstance(reply, dict) else "no answer")[:500])
 
 
 def _name(message: dict, key: str = "name") -> str:

@@ -7,6 +7,13 @@ So nothing the learner's code does can reach the check's comparisons, its expect
 learner's code runs in another process (a sandbox, when ``minigpt-grade`` grades), and what comes back is only
 numbers, strings, lists, tensors, or an error described by its type, message and line.
 
+The judge is the one that asks, with one exception: while it waits for the answer to one of its requests, the
+learner's side may call a module whose weights only the judge holds (``serve``: a layer of a model handed to the
+learner's code, where a check scores how that model is run). Such a call is a ``{"serve": n, "input": tensor}``
+message in place of the answer; the judge computes the output, records the call, answers and goes on waiting, so
+the counts a score depends on are the judge's own. Calls are bounded in number and size, and a malformed one fails
+the request as the learner's error.
+
 Two ways to move the requests:
 
 - ``RunJudge``: for one notebook graded in a sandbox, a Unix socket the hidden cells connect to, one test cell
@@ -26,6 +33,7 @@ import functools
 import importlib
 import logging
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -36,6 +44,8 @@ log = logging.getLogger("minigpt.judge")
 
 HELLO_TIMEOUT = 10.0  # seconds for a connection to say which test cell it serves
 MAX_SESSIONS_PER_CELL = 3  # connections one notebook may open, per graded cell
+MAX_SERVES = 10_000  # calls of the judge's served modules while one request runs (a beam search of the checks: ~100)
+MAX_SERVE_NUMBERS = 1 << 18  # numbers in the input of one such call (the checks' models send a few hundred)
 
 
 class LearnerError(Exception):
@@ -220,9 +230,65 @@ def seeded(seed: int):
 # Sessions: one test cell's conversation with the learner's side
 
 
+class Served:
+    """A module of the judge's (``serve``) that the learner's side calls through a stand-in of it, the weights
+    staying here: every call is computed here, from what the learner's side sent, and recorded (``shapes``)."""
+
+    def __init__(self, module, number: int):
+        import torch
+
+        self.module, self.id = module, number
+        weight = module.weight
+        self.in_features, self.dtype = int(weight.shape[-1]), weight.dtype
+        self.shapes: list[tuple[int, ...]] = []  # the shape of each input, in order
+        self._torch = torch
+
+    def __call__(self, x):
+        torch = self._torch
+        if not isinstance(x, torch.Tensor):
+            raise wire.WireError(f"an input that is {wire.type_name(x)}, not a tensor")
+        dtype = str(self.dtype).removeprefix("torch.")
+        if x.dtype != self.dtype or not 1 <= x.dim() <= 4 or x.shape[-1] != self.in_features:
+            raise wire.WireError(f"an input of shape {tuple(x.shape)} and dtype {str(x.dtype).removeprefix('torch.')}"
+                                 f", where the module takes (..., {self.in_features}) {dtype}")
+        if x.numel() > MAX_SERVE_NUMBERS:
+            raise wire.WireError(f"an input of {x.numel():,} numbers (the limit is {MAX_SERVE_NUMBERS:,})")
+        with torch.no_grad():
+            out = self.module(x.detach())
+        self.shapes.append(tuple(x.shape))
+        return out
+
+    def take(self) -> list[tuple[int, ...]]:
+        """The input shapes of the calls since the last ``take`` (then forgotten)."""
+        shapes, self.shapes = self.shapes, []
+        return shapes
+
+
+def serve(module) -> Served:
+    """Serve ``module`` (a ``torch.nn.Linear`` of the judge's) to the learner's side of the test cell being judged:
+    a helper there puts a stand-in in its place (``kv_cache.served_gpt``, given ``.id``), whose every forward
+    asks this process for the output. The learner's side never holds the weights, so it cannot compute what the
+    module computes without this process seeing it: the returned object records every call (``take``), the
+    count a check scores."""
+    session = _current().session
+    served = Served(module, len(session.services))
+    session.services.append(served)
+    return served
+
+
+class _Pending:
+    """What the learner's side asked of the served modules while one request ran."""
+
+    def __init__(self):
+        self.calls = 0
+        self.refused: str | None = None  # why a call was refused: the request then fails, as the learner's error
+
+
 class Session:
     def __init__(self, cell_names: dict[str, str] | None = None):
         self.cell_names = cell_names or {}
+        self.services: list[Served] = []
+        self._pending: _Pending | None = None
 
     def exchange(self, message: dict) -> dict:
         raise NotImplementedError
@@ -246,7 +312,18 @@ class Session:
         options = getattr(_options, "value", None)
         if options:
             message["options"] = options
-        reply = self.exchange(message)
+        self._pending = pending = _Pending()
+        try:
+            reply = self.exchange(message)
+            while isinstance(reply, dict) and "serve" in reply:  # a served module's forward, asked meanwhile
+                if pending.calls > MAX_SERVES + 100:
+                    raise SessionLost("the notebook's side went on calling the grader's modules after they refused")
+                reply = self.exchange(self.serve(reply))
+        finally:
+            self._pending = None
+        if pending.refused is not None:
+            raise learner_error({"type": "WireError", "bases": ["Exception"],
+                                 "message": f"the notebook's side sent the grader {pending.refused}"})
         if "value" in reply:
             try:
                 value = wire.decode(reply["value"], self.remote)
@@ -261,6 +338,31 @@ class Session:
         if "bad" in reply:
             raise GraderError(f"the learner's side could not read a request: {_text(reply['bad'], 500)}")
         raise SessionLost("an answer that is not one")
+
+    def serve(self, message: dict) -> dict:
+        """The answer to the learner's side's call of a served module (``serve``) while a request runs:
+        {"served": its output} or {"refused": why}. Whatever is wrong with the call (no request pending, too many
+        or too large calls, a malformed input) is refused, and the pending request then fails as the learner's
+        error (a ``WireError``); nothing of it can raise here."""
+        pending = self._pending
+        if pending is None:
+            return {"refused": "a call of a served module while no request is pending"}
+        pending.calls += 1
+        if pending.refused is None:
+            try:
+                number = message.get("serve")
+                if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(self.services):
+                    raise wire.WireError(f"a call of no module the grader serves ({_text(repr(number), 40)})")
+                if pending.calls > MAX_SERVES:
+                    raise wire.WireError(f"more than {MAX_SERVES:,} calls of its modules in one request")
+                out = self.services[number](wire.decode(message.get("input")))
+                return {"served": wire.encode(out)}
+            except wire.WireError as err:
+                pending.refused = f"a call it refuses: {err}"
+            except Exception as err:  # noqa: BLE001 (an input the module cannot take is the sender's)
+                why = _text(str(err), 300)
+                pending.refused = f"a call its module could not compute ({type(err).__name__}: {why})"
+        return {"refused": pending.refused}
 
 
 def _refer(obj) -> dict:
@@ -557,6 +659,9 @@ class RunJudge:
         return MAX_SESSIONS_PER_CELL * max(1, len(self.grade_ids)) + 3  # + the executor's "started", its report
 
     def _serve(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None:  # this thread's OpenMP team as the process set it (run.py: one thread), not one
+            torch.set_num_threads(torch.get_num_threads())  # per core, whose spinning costs ms a served call
         while not self._stop.is_set() and self._sessions < self._max_sessions:
             try:
                 self._accept_one()

@@ -18,10 +18,14 @@ class LocalSession(Session):
 
     def __init__(self, objects: tuple):
         super().__init__()
-        self.server = Server(objects)
+        self.server = Server(objects, lambda message: _plain(self.serve(_plain(message))))
 
     def exchange(self, message: dict) -> dict:
-        return json.loads(json.dumps(self.server.answer(json.loads(json.dumps(message)))))
+        return _plain(self.server.answer(_plain(message)))
+
+
+def _plain(message: dict) -> dict:
+    return json.loads(json.dumps(message))
 
 
 _here: dict[str, Verdict] = {}

@@ -395,3 +395,24 @@ def test_the_last_position_of_the_window_is_allowed(small, enc):
     got = generate_batch(small, enc, [[1] * 5, [2]], 4, eos_ids=[])
     assert [len(g.ids) for g in got] == [4, 4]
     assert [g.ids for g in got] == [generate(small, enc, p, 4, eos_ids=[]).ids for p in ([1] * 5, [2])]
+
+
+def test_the_random_gpt_whose_head_the_judge_serves_has_no_near_tie_and_its_own_head():
+    """test_generate_batch's one-pass part: the random GPT whose head the judge serves, with that head untied from
+    the embedding (the learner's side holds the embedding, so a tied head could be computed there). Its greedy
+    steps on the part's prompts, each alone, are no near ties, so the batch and each row alone agree on every
+    kernel path."""
+    from autograder.checks import batching as checks
+
+    model = checks._model(checks.OWN_HEAD)
+    assert model.lm_head.weight is not model.emb.wte.weight
+    assert not torch.allclose(model.lm_head.weight, model.emb.wte.weight)
+    margin = float("inf")
+    for row in checks.ONE_PASS_ROWS:
+        ids = list(row)
+        for _ in range(checks.ONE_PASS_NEW):
+            with torch.no_grad():
+                top2 = model(torch.tensor([ids]))[0, -1].topk(2)
+            margin = min(margin, (top2.values[0] - top2.values[1]).item())
+            ids.append(int(top2.indices[0]))
+    assert margin >= 10 * MARGIN, f"a near tie at a greedy step ({margin:.1e}): pick another head_seed"

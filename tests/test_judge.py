@@ -4,6 +4,7 @@ and what a notebook's connections may and may not ask of the judge."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 
@@ -342,3 +343,98 @@ def test_a_part_entered_in_a_loop_passes_only_if_it_passes_every_time():
     verdict = judge_local("test_parts_loop", lambda x: 2 * x if x != 2 else 0)
     assert verdict.fraction == 0.0 and verdict.message == "fn(2) returned 0"
     assert judge_local("test_parts_loop", double).fraction == 1.0
+
+
+# ---------------------------------------------------------------- served modules: calls made during a request
+
+
+def judged(how: str, tmp_path, grade_id: str, *objects) -> judge.Verdict:
+    """The verdict of ``grade_id`` on ``objects``: in this process (``local``) or over a real socket (``socket``)."""
+    if how == "local":
+        return judge_local(grade_id, *objects)
+    path = tmp_path / "judge"
+    with judge.RunJudge(path, [grade_id], {}, cell_timeout=10) as run:
+        hidden.serve(str(path), grade_id, objects)
+    return run.verdicts[grade_id]
+
+
+SERVED = torch.nn.Linear(4, 3)  # the judge's weights: the learner's side never holds them
+
+
+def twice_served(x):
+    """The learner's side of a served module: its output comes from the judge."""
+    return hidden.ask_judge(0, x) * 2
+
+
+@judge.cell("test_serve_counted")
+def _check_serve_counted(fn):
+    served = judge.serve(SERVED)
+    x = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0))
+    got = fn(x)
+    with torch.no_grad():
+        assert torch.equal(got, SERVED(x) * 2), "the served output differs"
+    assert served.take() == [(2, 5, 4)], "the call was not counted"
+    assert served.take() == [], "take forgets what it gave"
+    fn(x[0])
+    assert served.take() == [(5, 4)]
+
+
+@pytest.mark.parametrize("how", ["local", "socket"])
+def test_a_served_module_is_computed_and_counted_by_the_judge_during_its_request(how, tmp_path):
+    verdict = judged(how, tmp_path, "test_serve_counted", twice_served)
+    assert verdict.passed, verdict.message
+
+
+@judge.cell("test_serve_refused", parts={"call": 1, "next request": 1})
+def _check_serve_refused(fn):
+    judge.serve(SERVED)
+    with judge.part("call"):
+        fn()  # the learner's error: a WireError naming what was refused
+    with judge.part("next request"):
+        assert judge.is_instance(fn, "builtins.object")  # the session goes on after a refusal
+
+
+def _calls(n: int, x=None):
+    def run():
+        for _ in range(n):
+            try:
+                hidden.ask_judge(0, torch.zeros(1, 4) if x is None else x)
+            except Exception:  # noqa: BLE001 (a refusal is not an Exception: the learner's code cannot swallow it)
+                pass
+    return run
+
+
+def _sends(message):
+    return lambda: hidden._channel(message)
+
+
+@pytest.mark.parametrize("how", ["local", "socket"])
+@pytest.mark.parametrize("fn, why", [
+    (_calls(4), "more than 3 calls of its modules in one request"),
+    (_calls(1, torch.zeros(3, 4)), "an input of 12 numbers \\(the limit is 10\\)"),
+    (_calls(1, torch.zeros(2, 5)), "an input of shape \\(2, 5\\) and dtype float32, where the module takes"),
+    (_calls(1, torch.zeros(2, 4, dtype=torch.float64)), "dtype float64"),
+    (_calls(1, [1.0, 2.0, 3.0, 4.0]), "an input that is list, not a tensor"),
+    (_sends({"serve": 1, "input": None}), "a call of no module the grader serves"),
+    (_sends({"serve": "0"}), "a call of no module the grader serves"),
+    (_sends({"serve": True}), "a call of no module the grader serves"),
+    (_sends({"serve": 0, "input": {"$": "tensor", "dtype": "float32", "shape": [4], "data": "!!"}}),
+     "a call it refuses"),
+    (_sends({"serve": 0, "input": {"$": "nothing"}}), "a call it refuses"),
+])
+def test_too_many_too_large_or_malformed_serve_calls_are_the_learners_wire_error(how, fn, why, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(judge, "MAX_SERVES", 3)
+    monkeypatch.setattr(judge, "MAX_SERVE_NUMBERS", 10)
+    verdict = judged(how, tmp_path, "test_serve_refused", fn)
+    call, after = verdict.parts
+    assert not call.passed and call.message.startswith("WireError: the notebook's side sent the grader ")
+    assert re.search(why, call.message), call.message
+    assert after.passed, after.message
+
+
+def test_a_served_module_answers_only_during_a_request():
+    with pytest.raises(RuntimeError, match="only while a hidden test runs"):
+        twice_served(torch.zeros(1, 4))
+    session = trusted.LocalSession(())
+    assert "no request is pending" in session.serve({"serve": 0, "input": None})["refused"]

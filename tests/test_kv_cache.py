@@ -21,6 +21,7 @@ import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import coursekit
+from autograder import judge
 from autograder.checks import kv_cache as checks
 from autograder.helpers.kv_cache import held_bytes
 from minigpt.attention import CausalSelfAttention
@@ -586,20 +587,41 @@ def test_the_forward_cases_cover_the_id_dtypes_the_model_accepts():
         assert (dtype in dtypes) == accepted
 
 
-def test_the_helpers_count_positions_and_name_a_stopiteration_inside_the_loops():
-    """``counted`` gives the positions a call ran (a prefill, then one per decode step); a StopIteration of the
+@judge.cell("test_served_positions_demo")
+def _check_served_positions(CachedModel):
+    """The learner's side's GPT whose block 0 computes its queries, keys and values on the judge's side gives the
+    judge's model's logits (its two halves are that model), and the judge counts the positions of each call."""
+    model, theirs = checks._models("b"), checks._served_model("b")
+    cm = CachedModel(theirs.model)
+    counts = []
+    for ids in ([1, 2, 3], [1, 2, 3, 4], [7]):
+        out, positions = checks._counted(cm, theirs, ids, "CachedModel", "")
+        with torch.no_grad():
+            want = model(torch.tensor([ids]))[:, -out.shape[1]:]
+        assert checks._close(out, want), f"{ids}: {(out - want).abs().max()}"
+        counts.append(positions)
+    assert counts == [3, 1, 1], counts
+
+
+def test_the_judge_counts_the_positions_of_a_served_model_and_a_stopiteration_inside_the_loops_is_named():
+    """The positions a call ran, counted by the judge (a prefill, then one per decode step), from a model whose
+    block 0's c_attn is not on the learner's side (its weight cannot be read there); a StopIteration of the
     learner's model inside token_stream (which Python turns into "generator raised StopIteration") comes back as
     the StopIteration itself, with the learner's frame in its traceback."""
+    from autograder import trusted
     from autograder.helpers import kv_cache as helpers
 
-    torch.manual_seed(4)
-    model = GPT(GPTConfig(vocab_size=30, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
-    cm = CachedModel(model)
-    assert helpers.counted(cm, model, torch.tensor([[1, 2, 3]]))[1] == 3
-    assert helpers.counted(cm, model, torch.tensor([[1, 2, 3, 4]]))[1] == 1
+    session = trusted.LocalSession((CachedModel,))
+    verdict = judge.judge(session, "test_served_positions_demo", [session.remote(session.server.describe(0))], {})
+    assert verdict.passed, verdict.message
+    served = helpers.served_gpt(0, "h.0.attn.c_attn", **checks._recipe("b"))
+    with pytest.raises(AttributeError, match="on the grader's side"):
+        served.h[0].attn.c_attn.weight
+    with pytest.raises(RuntimeError, match="only while a hidden test runs"):
+        served(torch.tensor([[1, 2]]))
 
     class Broken:
-        config = model.config
+        config = served.config
 
         def __call__(self, idx):
             return next(iter([]))

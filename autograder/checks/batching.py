@@ -13,7 +13,9 @@ shipped model costs tens of milliseconds, one of the random GPT's a fraction of 
 
 The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, and so do
 the models, caches, samplers and tokenizer they are given, built there from plain recipes
-(``autograder.helpers.batching``); what comes back (tensors, plain lists) is compared here.
+(``autograder.helpers.batching``); what comes back (tensors, plain lists) is compared here. The forward passes of a
+generation are counted here: the model of that part has its language-model head (untied from the embedding) in
+this process only (``judge.serve``), so that the learner's side gets no logits without this process computing them.
 
 Nothing here assumes how the code is written: pads by a loop or by ``torch.nn.utils.rnn.pad_sequence`` on flipped
 rows, any valid position at padding (0, 1 as Hugging Face puts, the clamped count), a padding query that reads
@@ -35,7 +37,7 @@ from transformers import GPT2LMHeadModel  # here: transformers' lazy imports rac
 import coursekit
 from autograder.checks import Shape, gap, once
 from autograder.helpers import kv_cache as kv_recipes
-from autograder.judge import Remote, ask, because_of, cell, make, part, seeded, type_of
+from autograder.judge import Remote, ask, because_of, cell, make, part, seeded, serve, type_of
 from coursekit.testing import call, expect_raises, fail, quiet_transformers, show
 from minigpt.samplers import generate as generate_alone
 from minigpt.transformer import GPT
@@ -268,16 +270,20 @@ SHAPES = {
 INIT_RANGE = 0.2  # spread logits: no greedy step of the checks' cases is a near tie
 
 
+OWN_HEAD = "b, its own head"  # "b" with a head untied from its embedding: the judge serves it (test_generate_batch)
+
+
 def _recipe(name: str) -> dict:
-    s = SHAPES[name]
+    s = SHAPES[name.split(",")[0]]
+    head = {"head_seed": 1015} if name == OWN_HEAD else {}  # a seed whose greedy steps have no near tie
     return dict(vocab_size=s.vocab_size, block_size=s.block_size, n_layer=s.n_layer, n_head=s.n_head,
-                n_embd=s.n_embd, seed=s.seed, init_range=INIT_RANGE)
+                n_embd=s.n_embd, seed=s.seed, init_range=INIT_RANGE, **head)
 
 
 @once
 def _model(name: str) -> GPT:
     """The reference GPT of shape ``name`` with the recipe's random weights: the model the learner's side builds."""
-    with seeded(SHAPES[name].seed):
+    with seeded(0):  # the recipe seeds torch's generator: one such block at a time in this process
         return kv_recipes.seeded_gpt(**_recipe(name))
 
 
@@ -448,7 +454,8 @@ EOS_ROWS = [[5, 6, 7], [40], [60, 61, 62, 63, 64], [80, 81]]  # prompts of the r
 # Sampled by the random GPT "a": 5 tokens and 10 new ones leave a position of its 16 for a pass after the last
 # token, so that a loop that makes one is told so by the one-pass part, not by an IndexError here.
 SAMPLE_ROWS, SAMPLE_NEW = EOS_ROWS[:3], 10
-GENERATION_CASES = ("hf", "greedy", "stops", "eos", "sampling")
+ONE_PASS_ROWS, ONE_PASS_NEW = [[1, 2, 3], [4], [5, 6]], 6  # prompts of the random GPT OWN_HEAD, greedy, no end id
+GENERATION_CASES = ("hf", "greedy", "stops", "eos", "sampling", "one pass")
 
 
 @once
@@ -468,6 +475,8 @@ def _expected(case: str) -> list:
         return _alone_all(_model("a"), EOS_ROWS, 12, eos_ids=[EOS_A])
     if case == "sampling":
         return _alone_all(_model("a"), SAMPLE_ROWS, SAMPLE_NEW, SAMPLE_SETTINGS)
+    if case == "one pass":
+        return _alone_all(_model(OWN_HEAD), ONE_PASS_ROWS, ONE_PASS_NEW, eos_ids=[])
     raise KeyError(case)
 
 
@@ -532,14 +541,14 @@ def check_generate_batch(generate_batch):
                  "a row that reached a stop string (or an end id) is finished: add no token to it, while the other "
                  "rows go on" + tail)
         # A random GPT whose rows meet the end id at different steps (tokens below 97 are single bytes of GPT-2's).
-        theirs, rows = make("batching.watched_gpt", **_recipe("a")), EOS_ROWS
+        theirs, rows = make("kv_cache.seeded_gpt", **_recipe("a")), EOS_ROWS
         label = f"generate_batch(<a random GPT>, <GPT-2's tokenizer>, {show(rows)}, 12, eos_ids=[{EOS_A}])"
         got = _generations(label, call(ask, "batching.generations", generate_batch, theirs, theirs_enc, rows, 12,
                                        eos_ids=[EOS_A], label=label), len(rows))
         _compare(label, got, _expected("eos"),
                  "a row ends at its end id (finish reason 'eos'), the others go on" + tail)
     with part(SAMPLING):
-        theirs, rows = make("batching.watched_gpt", **_recipe("a")), SAMPLE_ROWS
+        theirs, rows = make("kv_cache.seeded_gpt", **_recipe("a")), SAMPLE_ROWS
         samplers = [make("batching.sampler", **s) for s in SAMPLE_SETTINGS]
         label = f"generate_batch(<a random GPT>, <GPT-2's tokenizer>, {show(rows)}, {SAMPLE_NEW}, samplers=[Sampler(" \
                 f"{', '.join(f'{k}={v}' for k, v in SAMPLE_SETTINGS[0].items())}), ...])"
@@ -549,16 +558,19 @@ def check_generate_batch(generate_batch):
                  "row b draws its tokens with samplers[b] (its own seed), called with that row's logits and ids, "
                  "once per new token of that row" + tail)
     with part(ONE_PASS):
-        theirs = make("batching.watched_gpt", **_recipe("b"))
-        rows = [[1, 2, 3], [4], [5, 6]]
-        ask("batching.head_calls", theirs)
-        label = f"generate_batch(<a random GPT>, <GPT-2's tokenizer>, {show(rows)}, 6, eos_ids=[])"
-        call(ask, "batching.generations", generate_batch, theirs, theirs_enc, rows, 6, eos_ids=[], label=label)
-        calls = ask("batching.head_calls", theirs)
-        if len(calls) > 6 or max(calls, default=0) < len(rows):
-            fail(f"{label} ran the model {len(calls)} times for 6 new tokens a row, on batches of "
+        # The model's head is the judge's (untied, its weights only here): no logits without this process seeing
+        # every forward pass, and the count below is what it saw.
+        head = serve(_model(OWN_HEAD).lm_head)
+        theirs = make("kv_cache.served_gpt", head.id, "lm_head", **_recipe(OWN_HEAD))
+        rows = ONE_PASS_ROWS
+        label = f"generate_batch(<a random GPT>, <GPT-2's tokenizer>, {show(rows)}, {ONE_PASS_NEW}, eos_ids=[])"
+        got = _generations(label, call(ask, "batching.generations", generate_batch, theirs, theirs_enc, rows,
+                                       ONE_PASS_NEW, eos_ids=[], label=label), len(rows))
+        calls = [shape[0] if len(shape) > 1 else 1 for shape in head.take()]
+        if len(calls) > ONE_PASS_NEW or max(calls, default=0) < len(rows):
+            fail(f"{label} ran the model {len(calls)} times for {ONE_PASS_NEW} new tokens a row, on batches of "
                  f"{show(sorted(set(calls)))} rows",
                  "one forward pass of the whole batch per new token: the prefill of every prompt at once, then each "
                  "step one new column for all the rows, and none after the last token (past the window it would "
                  "not even fit); generating each prompt alone is not a batch")
-
+        _compare(label, got, _expected("one pass"), "each row as its prompt generated alone" + tail)

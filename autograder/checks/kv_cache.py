@@ -13,9 +13,11 @@ memory: the tensors that a cache of keys and values really holds, in float32 and
 The learner's classes and functions are stand-ins (``autograder.judge.Remote``): they run where the notebook
 runs, and so do the models, attention layers and configs they are given, built there from plain recipes
 (``autograder.helpers.kv_cache``: a shape and a seed), as do the measurements that need the learner's objects
-(the positions a model computed, the tensors a ``CachedModel`` holds, the generation loops of chapters 5 and 6
-run with it). The expected answers are computed here, from the same recipes; what the learner's code returns
-(logits, keys and values) comes back as plain tensors.
+(the tensors a ``CachedModel`` holds, the generation loops of chapters 5 and 6 run with it). The expected answers
+are computed here, from the same recipes; what the learner's code returns (logits, keys and values) comes back as
+plain tensors. The positions a ``CachedModel`` runs are counted here: the model it is given computes block 0's
+queries, keys and values in this process (``judge.serve``; the weights of that layer are not on the learner's
+side), so no position reaches the model's output unseen.
 
 Inputs are ones the notebook's visible tests do not use: batches of 1 to 3 sequences, one head, a prefill of one
 token, a prefill of several tokens after decode steps, a window exactly full and one that slides, float64 keys,
@@ -32,10 +34,10 @@ own tests says so (``judge.because_of``): attention_with_cache uses KVCache, for
 CachedModel all three.
 
 ``CachedModel`` is held to what the notebook states: its logits are ``(1, T_new, V)``, T_new being the positions
-it ran (all of ids after a prefill); a call whose ids[:-1] has a kept cache runs one position (the model on the
-learner's side counts them), also for the second of two beams of one parent, for a window exactly full, and
-after a prompt of one id; the least recently used cache goes first (a parent just used outlives older prompts);
-two CachedModels of two models share no cache; memory stays bounded.
+it ran (all of ids after a prefill); a call whose ids[:-1] has a kept cache runs one position (counted here), also
+for the second of two beams of one parent, for a window exactly full, and after a prompt of one id; the least
+recently used cache goes first (a parent just used outlives older prompts); two CachedModels of two models share
+no cache; memory stays bounded.
 
 The checks test what the code computes, never how: a cache that preallocates its tensors and writes into them
 with an index, ``F.scaled_dot_product_attention`` with a mask, a softmax of its own that subtracts the maximum or
@@ -48,6 +50,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -55,7 +58,8 @@ import torch.nn.functional as F
 
 from autograder.checks import Shape, gap
 from autograder.helpers import kv_cache as recipes
-from autograder.judge import LearnerError, Remote, ask, because_of, cell, learner_side, make, part, seeded, type_of
+from autograder.judge import (LearnerError, Remote, Served, ask, because_of, cell, learner_side, make, part, seeded,
+                              serve, type_of)
 from coursekit.testing import call, close, describe_error, fail, not_written, show
 from minigpt.generation import token_stream
 from minigpt.samplers import Sampler, beam_search
@@ -668,9 +672,22 @@ def _named(why: str, fix: str, because: str) -> str:
 
 # ---------------------------------------------------------------- CachedModel
 
-def _wrap(CachedModel, theirs, config, label, **kwargs):
+class Theirs(NamedTuple):
+    """A GPT on the learner's side whose block 0 computes its queries, keys and values here (``judge.serve``):
+    every position the learner's code runs through the model is one this process computed and counted."""
+    model: Remote
+    qkv: Served | None  # None: a plain GPT, nothing counted (where the checks count nothing)
+
+
+def _served_model(name: str) -> Theirs:
+    """The GPT of shape ``name`` on the learner's side, its block 0's ``attn.c_attn`` served by the judge."""
+    qkv = serve(_models(name).h[0].attn.c_attn)
+    return Theirs(make("kv_cache.served_gpt", qkv.id, "h.0.attn.c_attn", **_recipe(name)), qkv)
+
+
+def _wrap(CachedModel, theirs: Theirs, config, label, **kwargs):
     """The learner's CachedModel of ``theirs`` (the model on the learner's side, whose config is ``config``)."""
-    cm = call(CachedModel, theirs, **kwargs,
+    cm = call(CachedModel, theirs.model, **kwargs,
               label=f"CachedModel(<GPT>{''.join(f', {k}={v}' for k, v in kwargs.items())})")
     if getattr(getattr(cm, "config", None), "block_size", None) != config.block_size:
         fail(f"{label}: CachedModel(model).config is not the model's config",
@@ -682,10 +699,13 @@ STOP_ITERATION = ("next(...) raises StopIteration when the iterator has nothing 
                   "time): give it a default, next(iterator, None), or look the cache up with self.caches.get(key)")
 
 
-def _counted(cm, theirs, ids: list[int], label: str, because: str, hint: str = ""):
-    """(what the learner's CachedModel returned for ids, the positions the model ran meanwhile)."""
+def _counted(cm, theirs: Theirs, ids: list[int], label: str, because: str, hint: str = ""):
+    """(what the learner's CachedModel returned for ids, the positions the model ran meanwhile: those whose keys
+    and values block 0 computed, counted here, where block 0's c_attn runs)."""
+    theirs.qkv.take()  # positions of earlier calls are theirs
     try:
-        return ask("kv_cache.counted", cm, theirs, torch.tensor([ids]))
+        out = cm(torch.tensor([ids]))
+        return out, sum(math.prod(shape[:-1]) for shape in theirs.qkv.take())
     except NotImplementedError as err:
         raise not_written(label, err) from None
     except LearnerError as err:  # the learner's bug, with its line
@@ -695,16 +715,20 @@ def _counted(cm, theirs, ids: list[int], label: str, because: str, hint: str = "
 
 def _logits(got, label: str, ids: list[int], positions: int, vocab: int, because: str) -> torch.Tensor:
     """The logits (1, T_new, V) that the learner's CachedModel returned for ``ids``, after running the model over
-    ``positions`` positions (0: not counted), checked for their shape: T_new is the number of positions it ran,
-    all of ids after a prefill, 1 after a decode step."""
+    ``positions`` positions, checked for their shape: T_new is the number of positions it ran, all of ids after a
+    prefill, 1 after a decode step (never 0: no logits come without running the model)."""
     if not isinstance(got, torch.Tensor) or got.dim() != 3 or got.shape[0] != 1 or got.shape[-1] != vocab:
         fail(f"{label} returned {_shape(got) if isinstance(got, torch.Tensor) else show(got)}, expected logits "
              f"of shape (1, T_new, {vocab})",
              _also("return what forward_with_cache returns for the positions it ran", because))
     t_new = got.shape[1]
-    if positions and t_new != positions or not 1 <= t_new <= len(ids):
-        ran = f"after running the model over {positions} positions" if positions else f"for {len(ids)} ids"
-        fail(f"{label} returned logits of shape {_shape(got)} {ran}, expected (1, {positions or 'T_new'}, {vocab})",
+    if not positions:
+        fail(f"{label} returned logits of shape {_shape(got)} without running the model: no position went through "
+             "its blocks", _also("run the new positions through forward_with_cache(self.model, ...) and return its "
+                                 "logits", because))
+    if t_new != positions or not 1 <= t_new <= len(ids):
+        fail(f"{label} returned logits of shape {_shape(got)} after running the model over {positions} positions, "
+             f"expected (1, {positions}, {vocab})",
              "return the logits of every position the call ran through forward_with_cache, (1, T_new, V): all of "
              "ids after a prefill, the last one after a decode step. The loops read only the last row, but "
              "CachedModel stands for the model, whose logits cover the positions it computed")
@@ -714,7 +738,7 @@ def _logits(got, label: str, ids: list[int], positions: int, vocab: int, because
 def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode: bool = False,
            because: str = "") -> int:
     """Ask the learner's CachedModel for the logits after ``ids`` and compare them with the model's; return the
-    number of positions it ran through the model (``theirs``, the model on the learner's side, counts them).
+    number of positions it ran through the model (counted here: ``Theirs``).
     ``candidates``: (ids, why) pairs, the mistake being "gave the logits after those ids". The mistakes of
     forward_with_cache are named too, on a prefill of ids or, if ``decode``, a prefill of ids[:-1] and a decode
     step."""
@@ -742,8 +766,8 @@ def _probe(cm, model, theirs, ids: list[int], label: str, candidates=(), decode:
 
 
 def _one_position(positions: int, what: str, hint: str) -> None:
-    """A call for which a cache of ids[:-1] is kept must run only the last token (0: not counted)."""
-    if positions not in (0, 1):
+    """A call for which a cache of ids[:-1] is kept must run only the last token."""
+    if positions != 1:
         fail(f"{what} ran the model over {positions} positions for the one new token", hint)
 
 
@@ -758,7 +782,7 @@ def _check_probes(CachedModel, model, theirs, prompts, because) -> None:
     name = "CachedModel(<GPT>)"
     seq = lambda ids: show(ids)  # noqa: E731
     positions = _probe(cm, model, theirs, p, f"{name} called first with ids {seq(p)} (a prefill)", because=because)
-    if positions not in (0, len(p)):
+    if positions != len(p):
         fail(f"{name} called first with ids {seq(p)} (a prefill) ran the model over {positions} positions, "
              f"expected {len(p)}", "a prefill runs every id of a new prompt once, through forward_with_cache")
     a, b, c = 5, 7, 11  # three different next tokens: two siblings (a, b) and a grandchild (c)
@@ -912,7 +936,7 @@ def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
     for seed in (3, 4):
         sampler = dict(do_sample=True, seed=seed, top_k=20)  # its own generator, seeded: the same draws on both sides
         want = list(token_stream(model, prompt, n, choose=Sampler(**sampler)))
-        got = call(lambda: ask("kv_cache.stream", CachedModel(theirs), prompt, n, sampler),
+        got = call(lambda: ask("kv_cache.stream", CachedModel(theirs.model), prompt, n, sampler),
                    label="token_stream(CachedModel(...), choose=Sampler(do_sample=True, ...))")
         if got != want:
             fail(f"seeded sampling (Sampler(do_sample=True, seed={seed}, top_k=20)) with CachedModel({label}) gave "
@@ -922,7 +946,8 @@ def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
         want = beam_search(model, prompt, steps, num_beams=num_beams)
         label = f"beam_search(CachedModel(<GPT>, max_entries={entries}), <{len(prompt)} ids>, {steps}, " \
                 f"num_beams={num_beams})"
-        got = call(lambda: ask("kv_cache.beams", CachedModel(theirs, max_entries=entries), prompt, steps, num_beams),
+        got = call(lambda: ask("kv_cache.beams", CachedModel(theirs.model, max_entries=entries), prompt, steps,
+                               num_beams),
                    label=label)
         if got != want:
             fail(f"{label} gave {show(got)}; without the cache {show(want)}",
@@ -946,29 +971,30 @@ PROBES, TWO_MODELS, EVICTION, WINDOW, LOOPS, MEMORY = (
 @cell("test_cached_model", parts={PROBES: 3, TWO_MODELS: 1, EVICTION: 1, WINDOW: 1, LOOPS: 2, MEMORY: 1})
 def check_cached_model(CachedModel):
     because = because_of(**USES_FORWARD)
-    runs = []  # (the reference model, the same on the learner's side, p, q) of each shape
+    runs = []  # (the reference model, the same on the learner's side, p, q, the shape) of each shape
     for shape, prompt_len in (("a", 5), ("b", 3)):
         model = _models(shape)
         vocab = model.config.vocab_size
-        runs.append((model, _model(shape), _ids((prompt_len,), vocab, seed=730).tolist(),
-                     _ids((prompt_len + 2,), vocab, seed=731).tolist()))
-    (model, theirs, p, q), _ = runs
+        runs.append((model, _served_model(shape), _ids((prompt_len,), vocab, seed=730).tolist(),
+                     _ids((prompt_len + 2,), vocab, seed=731).tolist(), shape))
+    (model, theirs, p, q, _), _ = runs
     with part(PROBES):
-        for model_, theirs_, p_, q_ in runs:
+        for model_, theirs_, p_, q_, _ in runs:
             _check_probes(CachedModel, model_, theirs_, (p_, q_), because)
     with part(TWO_MODELS):
-        _check_two_models(CachedModel, model, _models("c"), theirs, _model("c"), q, because)
+        _check_two_models(CachedModel, model, _models("c"), theirs, _served_model("c"), q, because)
     with part(EVICTION):
         r = _ids((len(p) + 1,), model.config.vocab_size, seed=732).tolist()
         _check_eviction(CachedModel, model, theirs, (p, q, r), because)
     with part(WINDOW):
-        for model_, theirs_, p_, _ in runs:
+        for model_, theirs_, p_, _, _ in runs:
             _check_window(CachedModel, model_, theirs_, p_, because)
+    # The loops and the memory count nothing: the plain GPT, whose forward passes (hundreds) run on that side alone.
     with part(LOOPS):
-        for model_, theirs_, p_, q_ in runs:
-            _check_loops(CachedModel, model_, theirs_, p_, q_, because)
+        for model_, _, p_, q_, shape in runs:
+            _check_loops(CachedModel, model_, Theirs(_model(shape), None), p_, q_, because)
     with part(MEMORY):
-        _check_memory(CachedModel, model, theirs)
+        _check_memory(CachedModel, model, Theirs(_model("a"), None))
 
 
 # ---------------------------------------------------------------- kv_cache_bytes

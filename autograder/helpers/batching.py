@@ -1,8 +1,8 @@
 """Helpers of chapter 10 (batching), built next to the learner's code from plain recipes: a reference KVCache of
 chapter 7 to hand to the learner's forward_padded, samplers of chapter 6 with their own seeds, the course's shipped
-model or a seeded random GPT with its language-model head watched (the batch size of every forward pass), and runs
-that must happen where the learner's objects are: a call that reports whether it changed its arguments, a
-generation turned into plain data. No answers here: the judge computes those.
+model, and runs that must happen where the learner's objects are: a call that reports whether it changed its
+arguments, a generation turned into plain data. No answers here: the judge computes those. (The forward passes of
+a generation are counted by the judge, through a model whose head it serves: ``kv_cache.served_gpt``.)
 
 This runs where ``minigpt.batching`` cannot be imported: torch, the standard library, the course's reference of
 chapters 3 to 7 and the learner's objects only.
@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-__all__ = ["run", "kv_cache", "sampler", "shipped_gpt", "watched_gpt", "head_calls", "generations"]
+__all__ = ["run", "kv_cache", "sampler", "shipped_gpt", "generations"]
 
 
 def run(fn, *args, **kwargs):
@@ -39,32 +39,12 @@ def sampler(**settings):
     return Sampler(**settings)
 
 
-def _watch(model):
-    """Record in ``model.head_rows`` the number of rows (the batch) of every input to the language-model head."""
-    model.head_rows = []
-    model.lm_head.register_forward_hook(lambda module, args, out: model.head_rows.append(int(args[0].shape[0])))
-    return model
-
-
 def shipped_gpt():
-    """The course's shipped model (chapter 8 trained it), as chapter 4's GPT, in eval mode, its head watched."""
+    """The course's shipped model (chapter 8 trained it), as chapter 4's GPT, in eval mode."""
     import coursekit
     from minigpt.transformer import GPT
 
-    return _watch(GPT.from_pretrained(coursekit.shipped_model_dir()).eval())
-
-
-def watched_gpt(**recipe):
-    """The seeded random GPT of chapter 7's recipe (``kv_cache.seeded_gpt``), its head watched."""
-    from autograder.helpers.kv_cache import seeded_gpt
-
-    return _watch(seeded_gpt(**recipe))
-
-
-def head_calls(model) -> list[int]:
-    """The batch size of each forward pass of a watched model's head since the last ask (then forgotten)."""
-    rows, model.head_rows = list(model.head_rows), []
-    return rows
+    return GPT.from_pretrained(coursekit.shipped_model_dir()).eval()
 
 
 def generations(fn, *args, **kwargs):

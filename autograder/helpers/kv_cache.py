@@ -1,8 +1,9 @@
 """Helpers of chapter 7 (the KV cache), built next to the learner's code from plain recipes: a small GPT-2 and an
-attention layer with seeded random weights, a ``GPTConfig``, a cache that answers with the keys and values the
-judge scripted (to try the learner's attention with a cache known to be right), and runs that must happen where
-the model is: a call with the positions the model computed counted, the reference generation loops of chapters 5
-and 6, the bytes of tensors an object holds. No answers here: the judge computes those, from the same recipes.
+attention layer with seeded random weights, the same GPT with one module served by the judge (its weights only
+there: ``served_gpt``), a ``GPTConfig``, a cache that answers with the keys and values the judge scripted (to try
+the learner's attention with a cache known to be right), and runs that must happen where the model is: the
+reference generation loops of chapters 5 and 6, the bytes of tensors an object holds. No answers here: the judge
+computes those, from the same recipes.
 
 This runs where ``minigpt.kv_cache`` cannot be imported: torch, the standard library, the course's reference of
 chapters 3 to 6 (``minigpt.attention``, ``transformer``, ``generation``, ``samplers``) and the learner's objects
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["seeded_gpt", "attention_case", "gpt_config", "ScriptedCache", "watched", "counted", "stream", "beams",
+__all__ = ["seeded_gpt", "served_gpt", "attention_case", "gpt_config", "ScriptedCache", "watched", "stream", "beams",
            "held_bytes"]
 
 
@@ -29,16 +30,55 @@ def randomise(model, init_range: float):
 
 
 def seeded_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, seed: int,
-               init_range: float, dtype: torch.dtype = torch.float32):
+               init_range: float, dtype: torch.dtype = torch.float32, head_seed: int | None = None):
     """The course's reference GPT (chapter 4) of this shape, built and ``randomise``d after
-    ``torch.manual_seed(seed)`` (the caller's random state is given back), in eval mode, then cast to ``dtype``."""
+    ``torch.manual_seed(seed)`` (the caller's random state is given back), in eval mode, then cast to ``dtype``.
+    ``head_seed``: the language-model head untied from the token embedding, its own N(0, init_range) weights drawn
+    after ``torch.manual_seed(head_seed)`` (so that a head the judge serves cannot be read off the embedding)."""
     from minigpt.transformer import GPT, GPTConfig
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                               n_embd=n_embd))
-        return randomise(model, init_range).to(dtype)
+        randomise(model, init_range)
+        if head_seed is not None:
+            torch.manual_seed(head_seed)
+            model.lm_head = torch.nn.Linear(n_embd, vocab_size, bias=False)
+            with torch.no_grad():
+                model.lm_head.weight.normal_(0.0, init_range)
+        return model.eval().to(dtype)
+
+
+class Served(torch.nn.Module):
+    """A stand-in of a ``torch.nn.Linear`` whose weights are only on the judge's side (``judge.serve``): its
+    forward sends the input to the judge, which computes the output and counts the call."""
+
+    def __init__(self, service: int, in_features: int, out_features: int):
+        super().__init__()
+        self.service, self.in_features, self.out_features = service, in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from autograder.hidden import ask_judge
+
+        return ask_judge(self.service, x)
+
+    def __getattr__(self, name: str):
+        if name in ("weight", "bias"):
+            raise AttributeError(f"this module's {name} is on the grader's side, not here: call the module "
+                                 "(module(x)) instead of reading its weights")
+        return super().__getattr__(name)
+
+
+def served_gpt(service: int, module: str, **recipe):
+    """``seeded_gpt(**recipe)`` with its module ``module`` ("lm_head", "h.0.attn.c_attn"), a Linear, replaced by a
+    stand-in whose forward the judge computes (``Served``): its weights are not on this side."""
+    model = seeded_gpt(**recipe)
+    owner_name, _, name = module.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    linear = getattr(owner, name)
+    setattr(owner, name, Served(service, linear.in_features, linear.out_features))
+    return model
 
 
 def attention_case(n_embd: int, n_head: int, batch: int, length: int, seed: int, scale: float = 1.0,
@@ -99,29 +139,6 @@ def watched(fn, *args):
     out = fn(*args)
     changed = any(b is not None and not (a.shape == b.shape and torch.equal(a, b)) for a, b in zip(args, before))
     return out, changed
-
-
-def counted(fn, model, *args):
-    """``(fn(*args), the positions model computed meanwhile)``: the new positions of every forward pass reach the
-    token embedding, block 0's ``ln_1`` and its attention's ``c_attn``, and ``lm_head``; each of those modules
-    counts the positions it saw, and the answer is the largest count (0 when none of them was called: code that
-    uses their weights without calling them cannot be counted)."""
-    seen = {}
-
-    def counter(name):
-        def count(module, inputs, output):
-            seen[name] = seen.get(name, 0) + inputs[0].shape[-1 if name == "wte" else -2]
-        return count
-
-    modules = {"wte": model.emb.wte, "ln_1": model.h[0].ln_1, "c_attn": model.h[0].attn.c_attn,
-               "lm_head": model.lm_head}
-    handles = [m.register_forward_hook(counter(name)) for name, m in modules.items()]
-    try:
-        out = fn(*args)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out, max(seen.values(), default=0)
 
 
 def _unwrapped(run):

@@ -37,12 +37,14 @@ class Edit:
 class Mutant:
     """A realistic mistake. `lost` maps every test cell that must lose points to a piece of its message
     that names the mistake ("" where any message will do: a cell that fails only because it calls the
-    broken function); every other test cell must keep full points. `key` is its student id."""
+    broken function); every other test cell must keep full points. `kept`: the points some of those cells
+    must keep (the parts the mistake does not touch). `key` is its student id."""
 
     key: str
     name: str
     edits: tuple[Edit, ...]
     lost: dict[str, str]
+    kept: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

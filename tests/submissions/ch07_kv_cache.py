@@ -58,6 +58,26 @@ SINGLE_ENTRY_CALL = """\
         self.last = (ids, cache)
         return logits
 """
+# A CachedModel that caches nothing: every call runs all of ids. The first also empties the model's forward hooks
+# (which counted the positions once); the second calls them as if one position ran and returns the last row only.
+# The positions are counted by the judge, which computes block 0's keys and values.
+NO_CACHE_HOOKS_EMPTIED_CALL = """\
+        for module in self.model.modules():
+            module._forward_hooks.clear()
+        return forward_with_cache(self.model, idx, KVCache(self.config.n_layer))
+"""
+NO_CACHE_FAKED_COUNT_CALL = """\
+        hooks = [(module, hook) for module in self.model.modules() for hook in module._forward_hooks.values()]
+        for module in self.model.modules():
+            module._forward_hooks.clear()
+        logits = forward_with_cache(self.model, idx, KVCache(self.config.n_layer))[:, -1:]
+        for module, hook in hooks:
+            one = torch.zeros(1, 1, dtype=torch.long) if isinstance(module, torch.nn.Embedding) else \\
+                torch.zeros(1, 1, self.config.n_embd)
+            hook(module, (one,), None)
+        return logits
+"""
+CACHED_MODEL_POINTS = 3  # of test_cached_model: parts 3 (probes), 1, 1 (eviction), 1 (window), 2, 1
 
 MUTANTS = [
     # ---- KVCache.append
@@ -191,6 +211,20 @@ MUTANTS = [
          Edit("cached_model", "#| export\nclass CachedModel:",
               "#| export\nCACHES = OrderedDict()  # token ids -> their cache\n\n\nclass CachedModel:")),
         {"test_cached_model": "GPT 2's last token on GPT 1's cached keys and values"},
+    ),
+    Mutant(
+        "no-cache-hooks-emptied",
+        "a CachedModel that caches nothing (every call runs all of ids), the model's forward hooks emptied",
+        (Edit("cached_model", CALL, NO_CACHE_HOOKS_EMPTIED_CALL),),
+        {"test_cached_model": "ran the model over 6 positions for the one new token"},
+        kept={"test_cached_model": CACHED_MODEL_POINTS * 4 / 9},  # two models apart, the loops, the memory
+    ),
+    Mutant(
+        "no-cache-faked-count",
+        "a CachedModel that caches nothing, tells the model's hooks of one position and returns the last row",
+        (Edit("cached_model", CALL, NO_CACHE_FAKED_COUNT_CALL),),
+        {"test_cached_model": "returned logits of shape (1, 1, 97) after running the model over 5 positions"},
+        kept={"test_cached_model": CACHED_MODEL_POINTS * 3 / 9},  # the loops, the memory
     ),
     Mutant(
         "next-without-default",

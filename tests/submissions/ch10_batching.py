@@ -65,6 +65,30 @@ ONE_PASS_TOO_MANY = """\
         logits = forward_padded(model, new, mask, cache)[:, -1]
 """
 
+# Each prompt alone (the right ids), then every count this side could fake for "one forward pass of the batch per
+# token": the head's hooks called with a batch of every row, a call of the judge's head with such a batch, and the
+# list a forward hook of the head used to fill (which got full marks when the grader read it). The head's weights
+# are the judge's: every pass was counted there.
+ALONE_FAKED_COUNT = """\
+    for b, row in enumerate(rows):
+        ids, mask = left_pad([row.prompt_ids], pad_id=0)
+        cache = KVCache(config.n_layer)
+        logits = forward_padded(model, ids, mask, cache)[:, -1]
+        for step in range(max_new_tokens):
+            row.add(samplers[b](logits[0], row.prompt_ids + row.ids))
+            if step == max_new_tokens - 1 or row.finish_reason:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = forward_padded(model, torch.tensor([[row.ids[-1]]]), mask, cache)[:, -1]
+    batch = torch.zeros(len(rows), 1, config.n_embd)
+    for hook in list(model.lm_head._forward_hooks.values()):
+        hook(model.lm_head, (batch,), None)
+    if hasattr(model.lm_head, "service"):
+        from autograder import hidden
+        hidden.ask_judge(model.lm_head.service, batch)
+    model.head_rows = [len(rows)] * max_new_tokens
+"""
+
 MUTANTS = [
     # ---- left_pad
     Mutant("pad-right", "pads on the right",
@@ -134,6 +158,12 @@ MUTANTS = [
             logits = forward_padded(model, torch.tensor([[row.ids[-1]]]), mask, cache)[:, -1]
 """),),
            {"test_generate_batch": "one forward pass of the whole batch"}),
+    Mutant("gen-alone-faked-count", "each prompt generated alone, then a batch's count of forward passes faked",
+           (Edit("generate_batch", LOOP, ALONE_FAKED_COUNT),),
+           {"test_generate_batch": "[one forward pass of the batch per token: 1 of 5] generate_batch(<a random GPT>, "
+                                   "<GPT-2's tokenizer>, [[1, 2, 3], [4], [5, 6]], 6, eos_ids=[]) ran the model 19 "
+                                   "times"},
+           kept={"test_generate_batch": 4 * 4 / 5}),  # the other parts: the ids are right
     Mutant("gen-finished-grows", "a finished row is given more tokens",
            (Edit("generate_batch", CHOOSE, """\
         for b, row in enumerate(rows):
