@@ -19,7 +19,8 @@ For each submission, in this process unless said otherwise:
    workspace's gradebook (``autograder.workspace``) by this process alone; the autograded notebook explains it.
 4. **Report** (``autograder.reports``): the table, ``grades.csv``, the feedback pages, all made inert.
 
-Whatever goes wrong while one notebook is handled becomes that notebook's row: the batch always finishes. The
+Whatever goes wrong while one notebook is handled becomes that notebook's row, and so does a step of the grader's own
+on it (intake, scoring, its feedback page) that runs past ``STEP_SECONDS``: the batch always finishes. The
 workspace is kept between runs: a result is reused while the submission, its chapter and the grader are
 unchanged, so running the same batch again grades nothing twice, and a batch that was interrupted goes on where
 it stopped. `--fresh` starts over.
@@ -34,7 +35,10 @@ import functools
 import hashlib
 import importlib
 import json
+import contextlib
 import shutil
+import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -55,11 +59,46 @@ from autograder.scoring import assemble, cell_scores, read_result, record
 from autograder.workspace import Workspace, atomic_write, autograded_path, feedback_path
 
 
+# Seconds of the grader's own time that one step on one submission may take (its intake, its scoring and records):
+# each is linear in the notebook (tests/test_intake_linear.py: a 20 MB notebook of hostile text takes about 3 s), so a
+# step past this is a bug met on that notebook, and it is that notebook's error row, not a batch that never ends.
+STEP_SECONDS = 60.0
+
+
+class StepTimeout(Exception):
+    """A step on one submission took longer than ``STEP_SECONDS``."""
+
+
+@contextlib.contextmanager
+def step_limit(step: str, seconds: float | None = None):
+    """Raise ``StepTimeout`` in this thread if the block takes longer than ``seconds`` (default ``STEP_SECONDS``) of
+    wall time: a SIGALRM timer, in the main thread (where signals are delivered); elsewhere the block runs unlimited
+    (the grader calls its steps from its main thread)."""
+    seconds = STEP_SECONDS if seconds is None else seconds
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
+        yield  # not ours to time: another thread, or a timer someone else set
+        return
+
+    def expired(signum, frame):
+        raise StepTimeout(f"its {step} took longer than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def step_failed(s: Submission, step: str, err: BaseException) -> Result:
     """The row of a submission at one of whose steps (its intake, its scoring, its feedback page...) the grader
     raised: an ``error``, graded again on the next run; the traceback goes to the grader's log (escaped, ``warn``).
     Called in the step's ``except``."""
     warn(f"{s.student} {s.chapter}: the grader failed at its {step}:\n{traceback.format_exc()}")
+    if isinstance(err, StepTimeout):
+        return Result(s.student, s.chapter, "error",
+                      detail=f"the grader stopped its {step} after {STEP_SECONDS:g} s (see the grader's log)")
     return Result(s.student, s.chapter, "error",
                   detail=f"the grader failed at its {step} ({type(err).__name__}; see the grader's log)")
 
@@ -110,13 +149,14 @@ def settle(ws: Workspace, s: Submission, prepared: nbformat.NotebookNode, outcom
                        "(the machine's doing, not the notebook's: run the batch again)")
             r.log = str(ws.keep_log(s.student, s.chapter, run.log))
         else:
-            nb = assemble(prepared, run)
-            record(ws, s, nb, cell_scores(prepared, run.verdicts), *data)
-            with Gradebook(ws.db_url) as gb:
-                r = read_result(gb, ws.root, s.student, s.chapter)
-            r.detail = run.incident
-            if run.incident:
-                r.log = str(ws.keep_log(s.student, s.chapter, run.log))
+            with step_limit("scoring"):  # the run is over: what is left is this process's own work on it
+                nb = assemble(prepared, run)
+                record(ws, s, nb, cell_scores(prepared, run.verdicts), *data)
+                with Gradebook(ws.db_url) as gb:
+                    r = read_result(gb, ws.root, s.student, s.chapter)
+                r.detail = run.incident
+                if run.incident:
+                    r.log = str(ws.keep_log(s.student, s.chapter, run.log))
     except JudgeFailed as err:
         r = Result(s.student, s.chapter, "error", detail=f"its judge stopped: {err}")
     except Exception as err:  # noqa: BLE001 (a bug of ours, or a result we cannot write: this notebook's row)
@@ -211,9 +251,10 @@ def _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progr
         if s.path is None:
             finish(s, Result(s.student, s.chapter, "missing", detail="no notebook handed in"), None)
             continue
-        try:  # the fence of this submission's intake: whatever it raises is its row
-            admitted, digest = intake(ws, s, release[s.chapter], released[s.chapter],
-                                      {ch: ids for ch, ids in all_ids.items() if ch != s.chapter}, isolation)
+        try:  # the fence of this submission's intake: whatever it raises, or a step past its time, is its row
+            with step_limit("intake"):
+                admitted, digest = intake(ws, s, release[s.chapter], released[s.chapter],
+                                          {ch: ids for ch, ids in all_ids.items() if ch != s.chapter}, isolation)
         except Exception as err:  # noqa: BLE001
             admitted, digest = step_failed(s, "intake", err), None
         if isinstance(admitted, Result):
@@ -231,7 +272,8 @@ def _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progr
             if r.withheld:
                 shutil.rmtree(feedback_path(ws.root, s.student, s.chapter).parent, ignore_errors=True)
             elif r.status == "graded" and (new or not feedback_path(ws.root, s.student, s.chapter).is_file()):
-                pages.ask(s)
+                with step_limit("feedback page"):
+                    pages.ask(s)
         except Exception:  # noqa: BLE001
             warn(f"{s.student} {s.chapter}: the grader failed at its feedback page (its scores are unaffected):\n"
                  f"{traceback.format_exc()}")

@@ -487,16 +487,23 @@ def test_a_judge_process_that_dies_costs_its_notebook_alone(course, solution_run
 def test_whatever_the_grader_raises_on_one_notebook_is_that_notebooks_row(course, solution_run, tmp_path,
                                                                          monkeypatch):
     """A fence per submission: an exception in the intake of one notebook, or in the scoring of another, is that
-    notebook's `error` row naming the step (and graded again on the next run), never the batch's."""
-    class_dir = _class_of(course, 3, "class-fenced")
+    notebook's `error` row naming the step (and graded again on the next run), never the batch's; so is a step that
+    does not end (here, one that would spin for ever in the intake of a third notebook, and in the scoring of a
+    fourth): stopped at the step's time limit (``grade.STEP_SECONDS``, 3 s here)."""
+    class_dir = _class_of(course, 5, "class-fenced")
     released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-    for student, mark in (("s01", "intake"), ("s02", "scoring")):
+    for student, mark in (("s01", "intake"), ("s02", "scoring"), ("s03", "intake-spin"), ("s04", "scoring-spin")):
         nbformat.write(learner_copy(released, f"return a + b  # fence-{mark}\n"),
                        class_dir / student / f"{CHAPTER}.ipynb")
 
     def marked(nb, mark):
-        if any(f"# fence-{mark}" in c.source for c in nb.cells):
+        if any(f"# fence-{mark}-spin" in c.source for c in nb.cells):
+            while True:  # a step that never ends
+                pass
+        if any(f"# fence-{mark}\n" in c.source for c in nb.cells):
             raise RuntimeError(f"a bug met at {mark}")
+
+    monkeypatch.setattr(grade, "STEP_SECONDS", 3.0)
 
     review_notes, assemble = grade.review_notes, grade.assemble
     monkeypatch.setattr(grade, "review_notes", lambda nb, *args: marked(nb, "intake") or review_notes(nb, *args))
@@ -510,6 +517,9 @@ def test_whatever_the_grader_raises_on_one_notebook_is_that_notebooks_row(course
     for student, step in (("s01", "intake"), ("s02", "scoring")):
         assert (rows[student]["status"], rows[student]["detail"]) == \
             ("error", f"the grader failed at its {step} (RuntimeError; see the grader's log)"), rows[student]
+    for student, step in (("s03", "intake"), ("s04", "scoring")):
+        assert (rows[student]["status"], rows[student]["detail"]) == \
+            ("error", f"the grader stopped its {step} after 3 s (see the grader's log)"), rows[student]
 
 
 @pytest.mark.slow
