@@ -112,9 +112,21 @@ def check_repository_url(url: str) -> None:
     can clone (GitHub and GitLab by their own providers, any other, such as Gitea or Forgejo, as a plain git URL)."""
     parsed = urlparse(url)
     parts = [part for part in parsed.path.split("/") if part]
-    if parsed.scheme not in ("http", "https") or not parsed.netloc or len(parts) < 2:
-        raise UsageError(f"--repository-url {url}: expected the address of a repository, such as "
-                         "https://github.com/ORG/REPO")
+    example = "e.g. make student-release RELEASE_URL=https://github.com/ORG/REPO"
+    if url.startswith("git@") or parsed.scheme not in ("http", "https"):
+        kind = "an ssh address" if url.startswith("git@") or parsed.scheme == "ssh" else \
+            f"a {parsed.scheme}: address" if parsed.scheme else "an address without https://"
+        raise UsageError(f"--repository-url {url}: {kind}, where Binder clones the release over https: give the "
+                         f"repository's https address, as a browser shows it ({example})")
+    if not parsed.netloc or len(parts) < 2:
+        raise UsageError(f"--repository-url {url}: no repository in it, only a host: give the repository's whole "
+                         f"address, its owner and name (and GitLab's subgroups) after the host ({example})")
+    if parsed.netloc.lower() == "github.com" and len(parts) != 2:
+        raise UsageError(f"--repository-url {url}: a page inside a GitHub repository, not the repository's address: "
+                         f"give https://github.com/{parts[0]}/{parts[1].removesuffix('.git')}")
+    if parsed.query or parsed.fragment:
+        raise UsageError(f"--repository-url {url}: a query or a fragment (?... or #...): give the repository's "
+                         "address alone")
 
 
 def check_course(course_root: Path) -> None:
@@ -697,8 +709,9 @@ def build(out: Path, course_root: Path = COURSE_ROOT, repository_url: str | None
     """
     check_course(course_root)
     if not (no_book or book_html or repository_url):
-        raise UsageError("the website's Binder buttons need the release repository: pass --repository-url URL "
-                         "(where OUT will be pushed), or --book-html PATH or --no-book")
+        raise UsageError("the website's Binder buttons need the release repository, where OUT will be pushed: "
+                         "make student-release RELEASE_URL=https://HOST/OWNER/REPO (here: --repository-url URL), or "
+                         "--book-html PATH or --no-book")
     if book_html and not (Path(book_html) / "index.html").is_file():
         raise UsageError(f"{book_html} is not a built website (no index.html in it)")
     if repository_url and not (no_book or book_html):

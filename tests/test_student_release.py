@@ -348,14 +348,20 @@ def test_a_rebuild_clears_the_release_but_keeps_its_git_history(tmp_path):
 
 def test_a_website_needs_the_release_repository(tmp_path, capsys):
     assert sr.main([str(tmp_path / "release")]) == 2
-    assert "--repository-url" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "make student-release RELEASE_URL=https://" in err and "--repository-url" in err, err
     assert not (tmp_path / "release").exists()
 
 
 @pytest.mark.parametrize("url, message", [
-    ("https://example.org/x", "expected the address of a repository, such as https://github.com/ORG/REPO"),
-    ("github.com/org/repo", "expected the address of a repository"),
-    ("ssh://git@github.com/org/repo", "expected the address of a repository"),
+    ("https://example.org/x", "no repository in it, only a host: give the repository's whole address"),
+    ("https://example.org", "no repository in it"),
+    ("github.com/org/repo", "an address without https://, where Binder clones the release over https"),
+    ("ssh://git@github.com/org/repo", "an ssh address, where Binder clones the release over https"),
+    ("git@github.com:org/repo.git", "an ssh address"),
+    ("file:///srv/git/minigpt", "a file: address"),
+    ("https://github.com/org/repo/tree/main", "not the repository's address: give https://github.com/org/repo"),
+    ("https://gitlab.com/org/repo?x=1", "a query or a fragment"),
 ])
 def test_a_repository_the_website_cannot_link_is_refused_before_anything_is_written(tmp_path, capsys, url,
                                                                                   message):
@@ -368,6 +374,8 @@ def test_a_repository_the_website_cannot_link_is_refused_before_anything_is_writ
 @pytest.mark.parametrize("url, binder", [
     ("https://github.com/school/minigpt", "https://mybinder.org/v2/gh/school/minigpt/main"),
     ("https://gitlab.com/school/minigpt", "https://mybinder.org/v2/gl/school%2Fminigpt/main"),
+    ("https://gitlab.com/uni/dept/minigpt", "https://mybinder.org/v2/gl/uni%2Fdept%2Fminigpt/main"),  # a subgroup
+    ("https://gitlab.com/uni/dept/minigpt.git", "https://mybinder.org/v2/gl/uni%2Fdept%2Fminigpt/main"),
     ("https://gitlab.school.edu/teach/minigpt",
      "https://mybinder.org/v2/git/https%3A%2F%2Fgitlab.school.edu%2Fteach%2Fminigpt/main"),
     ("https://bitbucket.org/school/minigpt", "https://mybinder.org/v2/git/https%3A%2F%2Fbitbucket.org%2Fschool%2Fminigpt/main"),
@@ -376,8 +384,8 @@ def test_a_repository_the_website_cannot_link_is_refused_before_anything_is_writ
 ])
 def test_any_git_host_is_accepted_and_binder_opens_it(url, binder):
     """BinderHub's GitHub and GitLab providers for github.com and gitlab.com, any other host (Bitbucket, a GitLab of
-    one's own, Gitea, Forgejo) as a plain git URL escaped whole (tests/test_site.py builds a release for GitHub and
-    for a Gitea host)."""
+    one's own, Gitea, Forgejo) as a plain git URL escaped whole (tests/test_site.py builds a release for a Gitea
+    host)."""
     sr.check_repository_url(url)
     assert sr.binder_url(ROOT, url, "main", "notebooks/01-tokens/01-tokens.ipynb").split("?")[0] == binder
 

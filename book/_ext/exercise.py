@@ -45,9 +45,12 @@ def binder_url(theme_options: dict, path_in_repo: str) -> str:
     branch = theme_options.get("repository_branch") or "master"  # the theme's default too
 
     parsed = urlparse(repo_url)
-    if parsed.netloc in ("github.com", "gitlab.com"):  # BinderHub's own providers, as the theme's buttons use them
-        org, repo = parsed.path.strip("/").removesuffix(".git").split("/")[:2]
-        spec = f"gh/{org}/{repo}/{branch}" if parsed.netloc == "github.com" else f"gl/{org}%2F{repo}/{branch}"
+    project = parsed.path.strip("/").removesuffix(".git")
+    if parsed.netloc == "github.com":  # BinderHub's own providers, as the theme's buttons use them: gh/ORG/REPO/REF
+        org, repo = project.split("/")[:2]
+        spec = f"gh/{org}/{repo}/{branch}"
+    elif parsed.netloc == "gitlab.com":  # gl/ then the project's whole path, subgroups too, its slashes escaped
+        spec = f"gl/{quote(project, safe='')}/{branch}"
     else:
         spec = f"git/{quote(repo_url, safe='')}/{branch}"
     return f"{binderhub}/v2/{spec}?urlpath={INTERFACE_PREFIXES[interface]}/{path_in_repo}"
