@@ -25,7 +25,7 @@ course: $(STAMP)
 	@echo "The course website is in _build/html: open $(CURDIR)/_build/html/index.html in a browser."
 
 # The whole suite on two workers, one test file each at a time, the longest files first (tests/conftest.py:
-# LONGEST_FIRST); it prints its 15 slowest tests, and fails past its time budget (tests/conftest.py: 60 minutes for now)
+# LONGEST_FIRST); it prints its 15 slowest tests, and fails past its time budget (tests/conftest.py: 40 minutes for now)
 # naming its 10 slowest.
 test: $(STAMP) system-packages hub-tools
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
@@ -97,7 +97,7 @@ $(HUB_PROXY): tools/hub/package.json tools/hub/package-lock.json
 # After editing a notebook in solutions/: regenerate the reference package and the learner notebooks.
 notebooks: $(STAMP)
 	$(BIN)/minigpt-export solutions src/minigpt
-	$(BIN)/python -m autograder.release
+	$(BIN)/python -m autograder.publish.release
 
 # What learners get, without solutions, hidden tests or the reference, for a repository of its own:
 #   make student-release RELEASE_URL=https://github.com/ORG/REPO [RELEASE_BRANCH=main] [RELEASE_OUT=dir]
