@@ -77,3 +77,20 @@ def test_the_clocks_of_a_numbers_only_run_take_one_round_and_assert_no_time(monk
     assert clocks.rounds(15) == 15 and clocks.timed(True) and not clocks.timed(False)
     monkeypatch.setenv(clocks.ENV, "off")
     assert clocks.rounds(15) == 1 and clocks.timed(False)
+
+
+def test_two_timings_are_told_apart_only_beyond_their_spread():
+    """``clocks.compared``: runs whose quartiles overlap are "about as fast as" each other, however their middles
+    differ; runs further apart get the ratio of their middles, either way round."""
+    from coursekit.clocks import apart, compared, spread
+
+    assert spread([5, 1, 4, 2, 3, 9, 7, 8, 6]) == (3, 5, 7)
+    assert spread([2.0, 1.0]) == (1.0, 2.0, 2.0)  # fewer than 4: the least and the most
+    slow, close = [86, 88, 89, 90, 93], [83, 85, 86, 89, 91]  # ms: middles 89 and 86, quartiles overlapping
+    assert not apart(slow, close) and compared(slow, close) == compared(close, slow) == "about as fast as"
+    fast = [40, 42, 43, 44, 47]
+    assert apart(fast, slow)
+    assert compared(fast, slow) == "2.1 times as fast as"  # 89 / 43
+    assert compared(slow, fast) == "slower than (it took 2.1 times as long as)"
+    tight = [100, 100.1, 100.2, 100.3], [104, 104.1, 104.2, 104.3]
+    assert compared(*tight) == "1.04 times as fast as"  # apart by more than their spread, however little
