@@ -105,7 +105,7 @@ notebooks: $(STAMP)
 RELEASE_OUT ?= _build/student-release
 RELEASE_BRANCH ?= main
 student-release: $(STAMP)
-	$(BIN)/python -m autograder.student_release $(RELEASE_OUT) --branch $(RELEASE_BRANCH) \
+	$(BIN)/python -m autograder.publish.student_release $(RELEASE_OUT) --branch $(RELEASE_BRANCH) \
 	  $(if $(RELEASE_URL),--repository-url $(RELEASE_URL))
 
 bench: $(STAMP)

@@ -12,7 +12,7 @@ For each submission, in this process unless said otherwise:
 2. **Run and judge** (``autograder.run``), in a judge process of the notebook's own, forked from a warm parent:
    the notebook runs in a sandbox (``autograder.sandbox``: no view of the answers, the checks, the workspace or
    other learners; no network; limits on time, memory, processes and output), its hidden cells serve the judge's
-   requests with plain data (``autograder.hidden``, ``autograder.wire``), and the checks (``autograder.judge``,
+   requests with plain data (``sandboxed.hidden``, ``sandboxed.wire``), and the checks (``autograder.judge``,
    ``autograder.checks``) give verdicts that come back here as plain data. No process of the grader's ever runs
    learner code.
 3. **Score and record** (``autograder.scoring``): each test cell's score from its verdict alone, written into the

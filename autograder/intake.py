@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.base import Submission, UsageError, warn
-from autograder.wire import make_valid
+from autograder.sandboxed.wire import make_valid
 from autograder.workspace import Workspace
 
 MAX_SUBMISSION = 20 * 1024 * 1024  # bytes of a notebook handed in

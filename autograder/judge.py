@@ -2,7 +2,7 @@
 
 The checks (``autograder.checks``) are written as if they held the learner's functions; what they hold are
 ``Remote`` stand-ins. Calling one, reading an attribute or iterating it sends a request to the other side
-(``autograder.hidden.Server``), which runs the learner's code and answers with plain data (``autograder.wire``).
+(``sandboxed.hidden.Server``), which runs the learner's code and answers with plain data (``sandboxed.wire``).
 So nothing the learner's code does can reach the check's comparisons, its expected values or its messages: the
 learner's code runs in another process (a sandbox, when ``minigpt-grade`` grades), and what comes back is only
 numbers, strings, lists, tensors, or an error described by its type, message and line.
@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from autograder import wire
+from autograder.sandboxed import wire
 
 log = logging.getLogger("minigpt.judge")
 
@@ -162,7 +162,7 @@ def is_instance(obj, *type_names: str) -> bool:
     """isinstance(obj, one of the types named "module.Name"), asked where the object lives."""
     if isinstance(obj, Remote):
         return bool(obj._session.request("isinstance", obj, types=list(type_names)))
-    from autograder.helpers import named_type
+    from autograder.sandboxed.helpers import named_type
 
     return isinstance(obj, tuple(named_type(n) for n in type_names))
 
@@ -186,13 +186,13 @@ def collect(obj, limit: int = 10_000) -> tuple[list, bool]:
 
 
 def make(kind: str, *args, **kwargs) -> Remote:
-    """A helper object (``autograder.helpers``, "module.Name") built on the learner's side for the test being
+    """A helper object (``sandboxed.helpers``, "module.Name") built on the learner's side for the test being
     judged: always a stand-in, however plain the object (GPT-2's merge table stays there)."""
     return _current().session.request("make", None, kind=kind, args=args, kwargs=kwargs)
 
 
 def ask(kind: str, *args, **kwargs):
-    """What a helper function (``autograder.helpers``, "module.name") returns when run on the learner's side, e.g.
+    """What a helper function (``sandboxed.helpers``, "module.name") returns when run on the learner's side, e.g.
     the bytes a learner's cache holds: plain data, or a stand-in for what is not."""
     return _current().session.request("ask", None, kind=kind, args=args, kwargs=kwargs)
 

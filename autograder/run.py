@@ -35,7 +35,7 @@ import nbformat
 
 from autograder import sandbox
 from autograder.inert import terminal_logging
-from autograder.wire import valid_text
+from autograder.sandboxed.wire import valid_text
 
 # A block of hidden tests: from a line that starts `### BEGIN HIDDEN TESTS` to the next that starts `### END HIDDEN
 # TESTS`, both included (``hidden_blocks``)
@@ -321,8 +321,8 @@ def _run_once(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, 
                 env = {**nbgrader_env(), "MINIGPT_JUDGE": str(run_dir / "sock" / "judge"),
                        "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": str(threads),
                        "NBGRADER_EXECUTION": "autograde"}
-                outcome = sandbox.run([sys.executable, "-m", "autograder.execute", str(work / name), "--timeout",
-                                       str(limits.cell_timeout)], box, env=env, cwd=work)
+                outcome = sandbox.run([sys.executable, "-m", "autograder.sandboxed.execute", str(work / name),
+                                       "--timeout", str(limits.cell_timeout)], box, env=env, cwd=work)
         report = judge.executed if isinstance(judge.executed, dict) else None
         outputs, ran = executed_outputs(report, nb)
         incident = ""

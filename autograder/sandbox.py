@@ -2,10 +2,10 @@
 
 What the notebook sees, read-only: the system's programs and libraries (``/usr``), a few files of ``/etc``,
 Python and the course's environment, and of the course only ``src/coursekit``, the reference modules of the
-chapters *before* the one graded, and the sandbox's side of the autograder (``hidden``, ``wire``, ``execute``,
-``helpers``). Not there at all: ``solutions/``, ``autograder/checks``, the judge, ``.git``, the grading workspace,
-gradebooks, other submissions, the reference of the graded chapter and later ones (their modules are stubs that
-refuse to import), anything else on the machine.
+chapters *before* the one graded, and the sandbox's side of the autograder (``autograder/sandboxed``: ``hidden``,
+``wire``, ``execute``, ``helpers``). Not there at all: ``solutions/``, the rest of ``autograder/`` (the checks, the
+judge), ``.git``, the grading workspace, gradebooks, other submissions, the reference of the graded chapter and
+later ones (their modules are stubs that refuse to import), anything else on the machine.
 
 What it may write: a home folder and ``/tmp``, both in memory and limited in size; nothing on the host's disk.
 It has no network, its own process namespace (it cannot see or signal the grader, or other notebooks), an
@@ -39,7 +39,8 @@ import uuid
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SANDBOX_SIDE = ("__init__.py", "hidden.py", "wire.py", "execute.py", "helpers")  # of autograder/, in the sandbox
+SANDBOXED = PACKAGE_DIR / "sandboxed"  # the autograder's side in the sandbox: nothing in it imports the rest
+SANDBOX_SIDE = ("__init__.py", SANDBOXED.name)  # of autograder/, in the sandbox (__init__.py: empty, for the package)
 INSIDE = Path("/grading")  # where the run's own read-only files appear
 HOME = Path("/home/learner")
 UID = 1000
@@ -87,7 +88,7 @@ def _stub(module: str, chapter: str) -> str:
 
 def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: str, cell_timeout: int,
             limits: Limits, threads: int = 1, program: list[str] | None = None) -> list[str]:
-    """The command line that runs ``python -m autograder.execute`` on the notebook in ``run_dir/in``: bwrap,
+    """The command line that runs ``python -m autograder.sandboxed.execute`` on the notebook in ``run_dir/in``: bwrap,
     started by ``env -i`` (see the module's docstring). ``blocked``: the reference modules (``minigpt.tokens``, ...)
     the notebook may not import; ``threads``: its share of the cores; ``program``: other arguments for the
     sandbox's python than the executor's."""
@@ -127,7 +128,7 @@ def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: s
     args += ["--dir", str(autograder)]
     for name in SANDBOX_SIDE:
         args += ["--ro-bind", str(autograder / name), str(autograder / name)]
-    for pycache in (autograder / "__pycache__", autograder / "helpers" / "__pycache__"):
+    for pycache in (autograder / "__pycache__", *sorted(SANDBOXED.rglob("__pycache__"))):
         if pycache.is_dir():
             args += ["--tmpfs", str(pycache)]
     work = HOME / chapter
@@ -149,7 +150,7 @@ def command(*, chapter: str, blocked: list[str], run_dir: Path, notebook_name: s
     for key, value in env.items():
         args += ["--setenv", key, value]
     args += [str(venv / "bin" / "python")] + (program or [
-        "-m", "autograder.execute", str(INSIDE / "in" / notebook_name), "--timeout", str(cell_timeout)])
+        "-m", "autograder.sandboxed.execute", str(INSIDE / "in" / notebook_name), "--timeout", str(cell_timeout)])
     return args
 
 

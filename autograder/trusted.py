@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from autograder.hidden import Server
+from autograder.sandboxed.hidden import Server
 from autograder.judge import Session, Verdict, judge
 
 

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 import coursekit
 from autograder.checks.constrained import brute_force, full, partial  # the oracle the hidden checks use too
-from autograder.helpers.samplers import random_gpt, random_gpt2
+from autograder.sandboxed.helpers.samplers import random_gpt, random_gpt2
 from coursekit.testing import quiet_transformers
 from minigpt.constrained import (DFA, SUBSET, Constraint, MaskedModel, UnsupportedPattern, all_masks, build_trie,
                                  choice_mask, compile_regex, constrained_beam_search, constrained_generate, dfa_mask,

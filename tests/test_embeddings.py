@@ -166,7 +166,7 @@ def test_hidden_checks_pass_the_reference():
     """The checks the grader runs accept the reference: without this the grading tests could only fail. They
     judge stand-ins of the learner's objects, so they run as a hidden test cell runs them (the judge in this
     process, through the same plain data)."""
-    from autograder.hidden import check
+    from autograder.sandboxed.hidden import check
     from autograder.trusted import forget_here
 
     forget_here()

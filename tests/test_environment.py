@@ -239,7 +239,7 @@ def test_an_unsupported_python_gets_a_managed_3_11_through_uv(works, tmp_path, m
 def test_the_makefiles_make_the_environment_with_the_interpreter_check(tmp_path):
     """The course's Makefile and the student release's make .venv with the script first (the release ships it); it
     passes with the interpreter this suite runs on."""
-    from autograder import student_release
+    from autograder.publish import student_release
 
     first = r"^{target}:.*\n\t@\$\(PYTHON\) tools/check_python.py {venv}\n\t{bin}/python -m pip "
     assert re.search(first.format(target=r"\$\(STAMP\)", venv=r"\$\(VENV\)", bin=r"\$\(BIN\)"),

@@ -1,5 +1,6 @@
-"""The sandbox's executor (autograder/execute.py) is nbgrader's Execute preprocessor without importing nbgrader: the
-same settings, the same hook, and the same executed notebook for the same cells (errors, a timeout, counts)."""
+"""The sandbox's executor (autograder/sandboxed/execute.py) is nbgrader's Execute preprocessor without importing
+nbgrader: the same settings, the same hook, and the same executed notebook for the same cells (errors, a timeout,
+counts)."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +10,8 @@ from nbclient import NotebookClient
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 
-from autograder import base, execute, intake
+from autograder import base, intake
+from autograder.sandboxed import execute
 from autograder.run import judged_cells, skipped_when_graded
 from submissions import graded_notebook, learner_notebook
 

@@ -20,8 +20,8 @@ from transformers import GPT2LMHeadModel
 
 import coursekit
 from autograder.checks import generation as checks
-from autograder.helpers.common import Counting
-from autograder.helpers.generation import NotAModule, Scripted, drain
+from autograder.sandboxed.helpers.common import Counting
+from autograder.sandboxed.helpers.generation import NotAModule, Scripted, drain
 from minigpt import generation
 from minigpt.generation import (TextStream, end_of_text_id, find_stop, generate, greedy, held_back, last_logits,
                                 token_stream)
@@ -509,7 +509,7 @@ def test_cli_on_a_package_with_exercises_left_says_which(shipped, capsys, monkey
 def test_hidden_checks_pass_on_the_reference(grade_id, args):
     """The checks judge stand-ins of the learner's objects: they run as a hidden test cell runs them (the judge in
     this process, through the same plain data)."""
-    from autograder.hidden import check
+    from autograder.sandboxed.hidden import check
     from autograder.trusted import forget_here
 
     forget_here()
@@ -524,7 +524,7 @@ def test_the_learner_side_builds_the_checks_models_without_transformers_or_this_
 
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('05-generation')!r}))\n"
             "import torch\n"
-            "from autograder.helpers import make\n"
+            "from autograder.sandboxed.helpers import make\n"
             f"model = make('generation.seeded_gpt', **{checks._recipe('a')!r})\n"
             "make('generation.Scripted', 1, [1, 2])\n"
             "make('generation.NotAModule', model)(torch.tensor([[1, 2]]))\n"

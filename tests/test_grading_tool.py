@@ -52,7 +52,7 @@ def add(a, b):
 TEST_ADD = """\
 assert add(1, 2) == 3, "add(1, 2) should be 3"
 ### BEGIN HIDDEN TESTS
-from autograder.hidden import check
+from autograder.sandboxed.hidden import check
 check("test_add", add)
 ### END HIDDEN TESTS
 """
@@ -60,7 +60,7 @@ check("test_add", add)
 TEST_FLOATS = """\
 assert add(0.5, 0.25) == 0.75, "add(0.5, 0.25) should be 0.75"
 ### BEGIN HIDDEN TESTS
-from autograder.hidden import check
+from autograder.sandboxed.hidden import check
 check("test_add_floats", add)
 ### END HIDDEN TESTS
 """
@@ -394,7 +394,8 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
     def runs_left() -> list[str]:
         """This batch's runs (other test files grade other chapters at the same time under pytest -n)."""
         processes = subprocess.run(["ps", "-eo", "stat,args"], capture_output=True, text=True).stdout.splitlines()
-        return [p for p in processes if "autograder.execute" in p and f"{CHAPTER}.ipynb" in p and p[:1] != "Z"]
+        return [p for p in processes
+                if "autograder.sandboxed.execute" in p and f"{CHAPTER}.ipynb" in p and p[:1] != "Z"]
 
     # The kill reaches the sandbox through bwrap's parent-death signal and the end of its pid namespace: at once,
     # but a process that held torch takes a moment to exit on a busy machine.
@@ -561,10 +562,10 @@ def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "bwrap").write_text(f"""#!/bin/bash
-if printf '%s\\n' "$@" | grep -qx autograder.execute; then
+if printf '%s\\n' "$@" | grep -qx autograder.sandboxed.execute; then
   n=$(( $(cat {tmp_path}/starts 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/starts
   if [ $n -le $(cat {tmp_path}/failing) ]; then
-    args=(); for a in "$@"; do [ "$a" = autograder.execute ] && a=autograder.no_such_module; args+=("$a"); done
+    args=(); for a in "$@"; do [ "$a" = autograder.sandboxed.execute ] && a=autograder.no_such_module; args+=("$a"); done
     exec {bwrap} "${{args[@]}}"
   fi
 fi

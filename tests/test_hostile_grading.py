@@ -257,7 +257,7 @@ def test_no_process_of_a_notebook_outlives_the_batch(batch):
     orphans = []
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "autograder.execute" in " ".join(proc.info["cmdline"] or []):
+            if "autograder.sandboxed.execute" in " ".join(proc.info["cmdline"] or []):
                 above = [" ".join(a.cmdline()) for a in proc.parents()]
                 if not any("pytest" in line or "minigpt-grade" in line for line in above):
                     orphans.append(proc.pid)

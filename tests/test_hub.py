@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 import pytest
 
-from autograder import student_release as sr
+from autograder.publish import student_release as sr
 from submissions import apply_edits, hidden_tests, reference_sources
 from submissions.ch01_tokens import MUTANTS
 from test_student_release import _environment_beside
@@ -258,7 +258,7 @@ def course_environment(base: Path, python: str) -> Path:
 def student_release(base: Path) -> Path:
     """What learners get (no solutions, hidden tests or reference), without its website."""
     release = base / "release"
-    run([sys.executable, "-m", "autograder.student_release", str(release), "--no-book"], cwd=ROOT, timeout=600)
+    run([sys.executable, "-m", "autograder.publish.student_release", str(release), "--no-book"], cwd=ROOT, timeout=600)
     return release
 
 

@@ -1,5 +1,5 @@
-"""The wall between the learner's code and the judge (autograder/wire.py, hidden.py, judge.py), piece by piece:
-what crosses it as plain data, what stays behind as a reference, how an error of the learner's code comes back,
+"""The wall between the learner's code and the judge (autograder/sandboxed/wire.py, hidden.py, judge.py), piece by
+piece: what crosses it as plain data, what stays behind as a reference, how an error of the learner's code comes back,
 and what a notebook's connections may and may not ask of the judge."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from autograder import hidden, judge, trusted, wire
+from autograder import judge, trusted
+from autograder.sandboxed import hidden, wire
 
 
 def roundtrip(value):

@@ -23,7 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import coursekit
 from autograder import judge
 from autograder.checks import kv_cache as checks
-from autograder.helpers.kv_cache import held_bytes
+from autograder.sandboxed.helpers.kv_cache import held_bytes
 from minigpt.attention import CausalSelfAttention
 from minigpt.generation import last_logits, token_stream
 from minigpt.kv_cache import (CachedModel, FastCachedModel, FastGPT, KVCache, StaticKVCache, attention_with_cache,
@@ -480,7 +480,7 @@ def test_cache_bytes_of_gpt2_small_are_72_mib_at_1024_tokens():
 def test_hidden_checks_pass_on_the_reference(grade_id, args):
     """The checks judge stand-ins of the learner's objects: they run as a hidden test cell runs them (the judge in this
     process, through the same plain data)."""
-    from autograder.hidden import check
+    from autograder.sandboxed.hidden import check
     from autograder.trusted import forget_here
 
     forget_here()
@@ -496,7 +496,7 @@ def test_the_learner_side_builds_the_checks_models_without_this_chapter():
     n_embd, n_head, batch, chunks = case[:4]
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('07-kv-cache')!r}))\n"
             "import torch\n"
-            "from autograder.helpers import make\n"
+            "from autograder.sandboxed.helpers import make\n"
             f"model = make('kv_cache.seeded_gpt', **{checks._recipe(shape)!r})\n"
             f"attn, x = make('kv_cache.attention_case', {n_embd}, {n_head}, {batch}, {sum(chunks)}, 711)\n"
             "make('kv_cache.gpt_config', n_layer=2)\n"
@@ -609,7 +609,7 @@ def test_the_judge_counts_the_positions_of_a_served_model_and_a_stopiteration_in
     learner's model inside token_stream (which Python turns into "generator raised StopIteration") comes back as
     the StopIteration itself, with the learner's frame in its traceback."""
     from autograder import trusted
-    from autograder.helpers import kv_cache as helpers
+    from autograder.sandboxed.helpers import kv_cache as helpers
 
     session = trusted.LocalSession((CachedModel,))
     verdict = judge.judge(session, "test_served_positions_demo", [session.remote(session.server.describe(0))], {})

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from autograder import release
+from autograder.publish import release
 from autograder.base import DEFAULT_COURSE_ROOT as ROOT
 from minigpt import CHAPTERS
 

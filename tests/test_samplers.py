@@ -249,7 +249,7 @@ def test_penalties_take_int32_ids_and_no_ids_yet(dtype):
 def test_the_in_place_helper_tells_a_changed_argument():
     """``helpers.samplers.run``, through which the checks call every learner function: it reports in-place changes
     of tensors and lists, and nothing for a function that only reads them."""
-    from autograder.helpers import samplers as helpers
+    from autograder.sandboxed.helpers import samplers as helpers
 
     z, ids = torch.zeros(2, 3), [1, 2]
     assert helpers.run(lambda x, i: x + 1, z, ids)[1] == [False, False]
@@ -280,7 +280,7 @@ def test_hidden_checks_pass_the_reference(grade_id, names):
     """The checks judge stand-ins of the learner's objects: they run as a hidden test cell runs them (the judge in
     this process, through the same plain data)."""
     import minigpt.samplers as reference
-    from autograder.hidden import check
+    from autograder.sandboxed.hidden import check
     from autograder.trusted import forget_here
 
     forget_here()
@@ -297,7 +297,7 @@ def test_the_learner_side_builds_the_beam_models_without_this_chapter(tmp_path):
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked_modules('06-samplers')!r}))\n"
             "sys.modules['transformers'] = None\n"
             "import torch\n"
-            "from autograder.helpers import make\n"
+            "from autograder.sandboxed.helpers import make\n"
             f"weights = torch.load({str(tmp_path / 'weights.pt')!r}, weights_only=True)\n"
             f"model = make('samplers.gpt', *{checks.BEAM_MODELS['b'][:5]!r}, weights)\n"
             "print(repr(model(torch.tensor([[1, 2, 3]]))[0, -1].tolist()))\n"

@@ -27,7 +27,7 @@ try:
     report["import_tokens"] = "imported"
 except ImportError as err:
     report["import_tokens"] = str(err)
-import minigpt, coursekit, autograder.hidden, autograder.helpers.common
+import minigpt, coursekit, autograder.sandboxed.hidden, autograder.sandboxed.helpers.common
 report["import_ok"] = True
 try:
     import autograder.judge

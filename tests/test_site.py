@@ -348,7 +348,7 @@ def test_the_student_release_website_opens_the_release_on_binder(built, tmp_path
     (the exercise boxes', the theme's buttons on notebook pages) opening a notebook the release has, and a clean
     scan, on a host the theme does not know (its buttons then link the repository GitHub's way). One build (50 s):
     on GitHub, the theme's own provider, the config differs only in the repository (the next test)."""
-    from autograder import student_release as sr
+    from autograder.publish import student_release as sr
 
     url = "https://gitea.example-school.org/teach/minigpt-learners"
     out = tmp_path / "release"
@@ -371,7 +371,7 @@ def test_the_student_release_website_opens_the_release_on_binder(built, tmp_path
 def test_the_student_release_book_config_names_its_repository(tmp_path, url):
     """The release's book config: its repository and branch, the course's execution cache, and a theme provider
     only for a host the theme does not know (GitHub's and GitLab's it reads from the address)."""
-    from autograder import student_release as sr
+    from autograder.publish import student_release as sr
 
     config = sr.release_book_config(ROOT, tmp_path, url, "main")
     assert config["repository"]["url"] == url and config["repository"]["branch"] == "main"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from autograder import student_release as sr
+from autograder.publish import student_release as sr
 
 ROOT = sr.COURSE_ROOT
 URL = "https://github.com/example-school/minigpt-learners"

@@ -158,10 +158,11 @@ def test_nothing_allowed_is_encode_ordinary(tok):
 
 
 def test_two_tokenizers_with_different_tables_keep_their_own_ids(tok, enc):
-    """What the hidden check of test_encode_ordinary does: the small table of autograder/helpers/tokens.py, whose
-    ids tiktoken (the judge's oracle) computes the same as plain lowest-rank-first BPE."""
+    """What the hidden check of test_encode_ordinary does: the small table of
+    autograder/sandboxed/helpers/tokens.py, whose ids tiktoken (the judge's oracle) computes the same as plain
+    lowest-rank-first BPE."""
     from autograder.checks import tokens as checks
-    from autograder.helpers.tokens import SMALL_MERGES, small_ranks
+    from autograder.sandboxed.helpers.tokens import SMALL_MERGES, small_ranks
 
     small_ranks_ = small_ranks()
     assert len(small_ranks_) == 256 + len(SMALL_MERGES) == checks.SMALL_END

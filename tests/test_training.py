@@ -152,7 +152,7 @@ def test_a_run_split_in_two_at_a_checkpoint_equals_the_run_in_one_go():
 
 def test_the_hidden_checks_pass_the_reference():
     import minigpt.training as t
-    from autograder.hidden import check
+    from autograder.sandboxed.hidden import check
     from autograder.trusted import forget_here
 
     forget_here()

@@ -52,7 +52,8 @@ def test_each_notebook_starts_as_a_new_kernel_in_an_empty_folder_of_its_own(kern
 
 def test_the_chapters_reference_and_later_ones_are_the_sandboxs_stubs(kernel):
     outcome = kernel.run(notebook("import minigpt.embeddings", "import minigpt.attention", "import minigpt.transformer",
-                                  "import autograder.hidden, autograder.wire", "import autograder.judge",
+                                  "import autograder.sandboxed.hidden, autograder.sandboxed.wire",
+                                  "import autograder.judge",
                                   "import autograder.checks"))
     assert errors(outcome) == {
         1: "ImportError: minigpt.attention is the course's reference solution, which is not available while "

@@ -1,5 +1,5 @@
-"""autograder/wire.py against a hostile sender: every reply the judge reads is bounded in time and memory before
-anything is computed from it, only ``WireError`` (or ``TimeoutError``, ``EOFError``) comes out of the reader, a
+"""autograder/sandboxed/wire.py against a hostile sender: every reply the judge reads is bounded in time and memory
+before anything is computed from it, only ``WireError`` (or ``TimeoutError``, ``EOFError``) comes out of the reader, a
 reply has one deadline however it is dripped, and its strings are valid Unicode. What crosses and what stays
 behind is tested in test_judge.py; here, what a learner could send to hurt the grader."""
 from __future__ import annotations
@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from autograder import judge, wire
+from autograder import judge
+from autograder.sandboxed import wire
 
 FAST = 1.0  # seconds: what refusing any one message may take, on a busy machine
 HASH_MODULUS = 2 ** 61 - 1  # int k and k + HASH_MODULUS share their hash (sys.hash_info.modulus)

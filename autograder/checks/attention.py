@@ -12,7 +12,7 @@ The learner's functions and class are stand-ins (``autograder.judge.Remote``): t
 on tensors sent there as plain data, and what comes back is plain tensors. A layer's weights are drawn here and
 sent into it (``load_state_dict``), so the oracle uses the very same numbers. Whether a call changed its inputs in
 place, and the gradients of a backward pass (chapter 8 trains this layer), are measured where the inputs are
-(``autograder.helpers.attention``); torch's softmax is taken away there while the learner's softmax runs
+(``autograder.sandboxed.helpers.attention``); torch's softmax is taken away there while the learner's softmax runs
 (``learner_side(forbid=...)``). A failure of a function that calls the learner's functions of earlier test cells
 says so when those fail their own tests (``judge.because_of``), so that one mistake reads as one.
 
@@ -78,7 +78,7 @@ def _max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
 def _learner_failure(err: LearnerError, label: str, forbid: list[str] | None, hint: str):
     """The failure for an error of the learner's code in a call ``label``: a forbidden torch function named, a stub
     said to be not written yet, anything else with its type, message and line, and ``hint``."""
-    if forbid and err.type_name == "autograder.hidden.Forbidden":
+    if forbid and err.type_name == "autograder.sandboxed.hidden.Forbidden":
         used = str(err).removesuffix(" is not available here")
         fail(f"{label} called {used}{describe_where(err.where, err.cell_name)}", NO_TORCH_SOFTMAX)
     if isinstance(err, NotImplementedError):

@@ -13,7 +13,7 @@ shipped model costs tens of milliseconds, one of the random GPT's a fraction of 
 
 The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, and so do
 the models, caches, samplers and tokenizer they are given, built there from plain recipes
-(``autograder.helpers.batching``); what comes back (tensors, plain lists) is compared here. The forward passes of a
+(``sandboxed.helpers.batching``); what comes back (tensors, plain lists) is compared here. The forward passes of a
 generation are counted here: the model of that part has its language-model head (untied from the embedding) in
 this process only (``judge.serve``), so that the learner's side gets no logits without this process computing them.
 
@@ -36,7 +36,7 @@ from transformers import GPT2LMHeadModel  # here: transformers' lazy imports rac
 
 import coursekit
 from autograder.checks import Shape, gap, once
-from autograder.helpers import kv_cache as kv_recipes
+from autograder.sandboxed.helpers import kv_cache as kv_recipes
 from autograder.judge import Remote, ask, because_of, cell, make, part, seeded, serve, type_of
 from coursekit.testing import call, expect_raises, fail, quiet_transformers, show
 from minigpt.samplers import generate as generate_alone

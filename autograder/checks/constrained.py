@@ -33,8 +33,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (what the models' recipe builds here)
 
 from autograder.checks import once
-from autograder.helpers import constrained as recipes
-from autograder.helpers import samplers as gpt_recipes
+from autograder.sandboxed.helpers import constrained as recipes
+from autograder.sandboxed.helpers import samplers as gpt_recipes
 from autograder.judge import Remote, ask, cell, learner_side, make, part, seeded
 from coursekit.testing import call, describe_error, fail, not_written, quiet_transformers, show
 

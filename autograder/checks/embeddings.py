@@ -10,7 +10,7 @@ a check does not depend on the learner's random state.
 The learner's functions and class are stand-ins (``autograder.judge.Remote``): they run where the notebook runs.
 The ids and tables are sent there as plain tensors (an ``Embeddings``' tables through ``load_state_dict``), what
 comes back is plain tensors, and the expected values are computed here from the same tensors. What must be
-measured next to the learner's code is a helper (``autograder.helpers.embeddings``): whether a call changed its
+measured next to the learner's code is a helper (``sandboxed.helpers.embeddings``): whether a call changed its
 arguments in place, the gradients a backward pass leaves in a table, and which of the notebook's functions a
 failing function calls (a mistake in one of those is named as the likely cause, ``judge.because_of``).
 

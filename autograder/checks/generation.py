@@ -2,7 +2,7 @@
 TextStream.
 
 The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, and so do
-the models, choosers and tokenizer they are given, built there from plain recipes (``autograder.helpers.
+the models, choosers and tokenizer they are given, built there from plain recipes (``autograder.sandboxed.helpers.
 generation``: a seed and a shape, a script of ids; ``make("common.gpt2_encoding")``). The expected answers are
 computed here from the same recipes.
 
@@ -42,7 +42,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # here: transformers' lazy
 
 import coursekit
 from autograder.checks import Shape, gap, once
-from autograder.helpers import generation as recipes
+from autograder.sandboxed.helpers import generation as recipes
 from autograder.judge import Remote, ask, because_of, cell, collect, make, part, seeded, type_of
 from coursekit.testing import call, close, fail, quiet_transformers, show
 

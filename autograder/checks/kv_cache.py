@@ -12,7 +12,7 @@ memory: the tensors that a cache of keys and values really holds, in float32 and
 
 The learner's classes and functions are stand-ins (``autograder.judge.Remote``): they run where the notebook
 runs, and so do the models, attention layers and configs they are given, built there from plain recipes
-(``autograder.helpers.kv_cache``: a shape and a seed), as do the measurements that need the learner's objects
+(``autograder.sandboxed.helpers.kv_cache``: a shape and a seed), as do the measurements that need the learner's objects
 (the tensors a ``CachedModel`` holds, the generation loops of chapters 5 and 6 run with it). The expected answers
 are computed here, from the same recipes; what the learner's code returns (logits, keys and values) comes back as
 plain tensors. The positions a ``CachedModel`` runs are counted here: the model it is given computes block 0's
@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import Shape, gap
-from autograder.helpers import kv_cache as recipes
+from autograder.sandboxed.helpers import kv_cache as recipes
 from autograder.judge import (LearnerError, Remote, Served, ask, because_of, cell, learner_side, make, part, seeded,
                               serve, type_of)
 from coursekit.testing import call, close, describe_error, fail, not_written, show

@@ -10,7 +10,7 @@ model likes, so that some beams finish early.
 
 The learner's functions are stand-ins (``autograder.judge.Remote``): they run where the notebook runs, on plain
 tensors sent there, and so do the objects they are given, built there from plain recipes
-(``autograder.helpers.samplers``: a generator from a seed, a GPT-2 from its shape and seed). The expected answers
+(``sandboxed.helpers.samplers``: a generator from a seed, a GPT-2 from its shape and seed). The expected answers
 are computed here, from the same inputs and the same recipes. A sampler's draws are compared with the ones its
 generator's seed gives; the learner's global generator is seeded on its side (``learner_side(seed=...)``).
 
@@ -43,7 +43,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, MinPLogitsWarper, NoRepea
                           TopPLogitsWarper)
 
 from autograder.checks import once
-from autograder.helpers import samplers as recipes
+from autograder.sandboxed.helpers import samplers as recipes
 from autograder.judge import Remote, ask, cell, learner_side, make, part, seeded, type_of
 from coursekit.testing import call, close, describe_error, fail, not_written, quiet_transformers, show
 

@@ -18,7 +18,7 @@ import regex
 import tiktoken
 
 import coursekit
-from autograder.helpers import tokens as recipes
+from autograder.sandboxed.helpers import tokens as recipes
 from autograder.judge import ask, because_of, cell, make, part
 from coursekit.testing import call, describe_error, fail, not_written, show
 
@@ -263,7 +263,7 @@ PROBE = "Zyzzyva quokka"
 
 @functools.cache
 def _small_encoding() -> tiktoken.Encoding:
-    """tiktoken with the small table of ``autograder.helpers.tokens`` (the learner's side builds the same)."""
+    """tiktoken with the small table of ``autograder.sandboxed.helpers.tokens`` (the learner's side builds the same)."""
     return tiktoken.Encoding(name="course-small", pat_str=_encoding()._pat_str, mergeable_ranks=recipes.small_ranks(),
                              special_tokens={END: SMALL_END})
 

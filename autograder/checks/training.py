@@ -4,7 +4,7 @@ train_step and train.
 The oracles: PyTorch's ``F.cross_entropy`` and its gradient, ``torch.optim.lr_scheduler.LambdaLR`` driven by the
 reference schedule, and the course's reference training functions (``minigpt.training``) run here on the same
 seeded tiny GPTs, the same batches and the same optimizer settings as the learner's code runs on over there
-(``autograder.helpers.training`` builds those). A step of the learner's code must leave the model's weights
+(``autograder.sandboxed.helpers.training`` builds those). A step of the learner's code must leave the model's weights
 where the reference step leaves them.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import gap
-from autograder.helpers import training as recipes
+from autograder.sandboxed.helpers import training as recipes
 from autograder.judge import ask, because_of, cell, make, part, seeded, type_of
 from coursekit.testing import call, close, expect_raises, fail, show
 from minigpt import training as reference

@@ -31,7 +31,7 @@ the expected values are built here, each from a seed of its own (``torch.Generat
 Hugging Face constructors, which draw from torch's global generator). The helpers that must run next to the
 learner's code (a call that reports whether it changed its input, a forward and backward pass that sends back
 the gradients, a checkpoint folder for ``GPT.from_pretrained``, the files of ``GPT.save_pretrained``) are in
-``autograder.helpers.transformer``.
+``autograder.sandboxed.helpers.transformer``.
 
 Each cell's checks are weighted parts (``judge.part``), each entered once with its cases in a loop inside it: the
 values against the oracle weigh most; edge inputs, inputs far from 0, gelu at large |x|, other id dtypes, the window,
@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autograder.helpers.transformer import CHECKPOINT_FILES
+from autograder.sandboxed.helpers.transformer import CHECKPOINT_FILES
 from autograder.judge import ask, because_of, cell, learner_side, part, seeded, type_of
 from coursekit.testing import call, close, describe_call, describe_error, fail, not_written, quiet_transformers, show
 

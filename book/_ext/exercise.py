@@ -11,7 +11,7 @@ the theme's own launch buttons use (``launch_buttons`` and ``repository`` in ``_
 cannot disagree. A missing notebook or a notebook page left out of ``_toc.yml`` is a build warning, which
 ``-W`` turns into an error.
 
-Two settings serve the student release (``autograder/student_release.py``), whose repository holds the
+Two settings serve the student release (``autograder/publish/student_release.py``), whose repository holds the
 notebooks but neither ``minigpt-grade`` nor the chapter pages' sources: an empty ``exercise_check_command``
 replaces the local-grading line with one about the notebook's own test cells, and
 ``exercise_launch_buttons_only`` keeps the theme's launch buttons on exercise pages only.

@@ -84,7 +84,7 @@ ALONE_FAKED_COUNT = """\
     for hook in list(model.lm_head._forward_hooks.values()):
         hook(model.lm_head, (batch,), None)
     if hasattr(model.lm_head, "service"):
-        from autograder import hidden
+        from autograder.sandboxed import hidden
         hidden.ask_judge(model.lm_head.service, batch)
     model.head_rows = [len(rows)] * max_new_tokens
 """

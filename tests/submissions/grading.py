@@ -39,7 +39,8 @@ import pytest
 
 import minigpt
 
-from autograder import base, hidden, intake, sandbox, scoring, workspace
+from autograder import base, intake, sandbox, scoring, workspace
+from autograder.sandboxed import hidden
 from autograder.judge import RunJudge
 from autograder.run import (RunOutcome, blocked_modules, executed_outputs, judged_cells, skipped_when_graded,
                              solution_cell_names)

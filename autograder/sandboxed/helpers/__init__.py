@@ -4,7 +4,7 @@ learner's code (``make("common.gpt2_ranks")``), and the judge builds the same fr
 what the learner's code should give. A helper module may use the course's reference of earlier chapters only:
 it runs in the sandbox of the chapter it helps, where that chapter and the later ones are not available.
 
-``make("module.Name", ...)`` calls ``Name`` from ``autograder.helpers.module``, a name its ``__all__`` lists.
+``make("module.Name", ...)`` calls ``Name`` from ``autograder.sandboxed.helpers.module``, a name its ``__all__`` lists.
 """
 from __future__ import annotations
 

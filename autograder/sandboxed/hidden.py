@@ -3,7 +3,7 @@
 Graded by ``minigpt-grade``, a notebook runs in a sandbox, and ``check`` only serves: it connects to the judge
 outside (the Unix socket named by ``MINIGPT_JUDGE``), which runs the checks of that test cell and asks for
 calls of the learner's objects ("call pre_split with this text", "next item of this generator"); each answer
-goes back as plain data (``autograder.wire``). The expected answers, the checks and the verdict stay outside,
+goes back as plain data (``autograder.sandboxed.wire``). The expected answers, the checks and the verdict stay outside,
 where no learner code runs. While the learner's code answers a request, a module whose weights are the judge's (a
 layer of a model the judge had built here: ``ask_judge``) asks the judge for its output, on the same connection:
 the judge computes it and counts the call.
@@ -24,7 +24,7 @@ import random
 import socket
 import sys
 
-from autograder import wire
+from autograder.sandboxed import wire
 
 JUDGE_ENV = "MINIGPT_JUDGE"
 # torch's threads while a hidden test runs: one (the course's tensors are small: a second thread only waits); the
@@ -142,11 +142,11 @@ class Server:
                     value.append(extra)
                     return {"value": wire.encode(value, self.refer), "exhausted": False}
                 elif op == "make":  # a helper object stays on this side, however plain: the judge holds a reference
-                    from autograder import helpers
+                    from autograder.sandboxed import helpers
 
                     return {"value": self.refer(helpers.make(_name(message, "kind"), *args, **kwargs))}
                 elif op == "ask":  # a helper function's answer (plain data, or a reference)
-                    from autograder import helpers
+                    from autograder.sandboxed import helpers
 
                     value = helpers.make(_name(message, "kind"), *args, **kwargs)
                 else:
@@ -176,7 +176,7 @@ class Server:
         if op == "getitem":
             return target[args[0]]
         if op == "isinstance":
-            from autograder.helpers import named_type
+            from autograder.sandboxed.helpers import named_type
 
             return isinstance(target, tuple(named_type(name) for name in message["types"]))
         if op == "release":

@@ -1,7 +1,7 @@
 """Generate the learner notebooks (notebooks/) from the instructor notebooks (solutions/) with nbgrader.
 
-    python -m autograder.release            # regenerate notebooks/<chapter>/ for every chapter (make notebooks)
-    python -m autograder.release --check    # exit 1 if notebooks/ differs from what nbgrader generates
+    python -m autograder.publish.release            # regenerate notebooks/<chapter>/ for every chapter (make notebooks)
+    python -m autograder.publish.release --check    # exit 1 if notebooks/ differs from what nbgrader generates
 
 nbgrader runs `generate_assignment` in a temporary workspace (so the course's own gradebook is untouched),
 and the result replaces notebooks/<chapter>/. The committed notebooks/ must always equal that output: the
@@ -53,7 +53,7 @@ def differences(generated: Path, committed: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder.release", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograder.publish.release", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if notebooks/ is out of date")
     parser.add_argument("--course-root", type=Path, default=DEFAULT_COURSE_ROOT)
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from autograder.helpers.common import gpt2_encoding
+from autograder.sandboxed.helpers.common import gpt2_encoding
 
 __all__ = ["gpt2_vocab", "gpt2_texts", "Scripted", "recording_gpt", "fed"]
 
@@ -64,7 +64,7 @@ class Scripted:
 def recording_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, weights: dict):
     """``samplers.gpt(...)`` that records how many positions each of its runs reads (what its embedding layer is
     given: a whole sequence, or with chapter 7's cache the new token alone), for ``fed``."""
-    from autograder.helpers.samplers import gpt
+    from autograder.sandboxed.helpers.samplers import gpt
 
     model = gpt(vocab_size, block_size, n_layer, n_head, n_embd, weights)
     model.positions_read = []

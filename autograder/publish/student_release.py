@@ -1,9 +1,9 @@
 """Build the student release: everything learners get, and nothing they must not see.
 
-    python -m autograder.student_release OUT --repository-url https://github.com/ORG/REPO [--branch main]
-    python -m autograder.student_release OUT --book-html _build/html   # copy an already built website
-    python -m autograder.student_release OUT --no-book                 # no website
-    python -m autograder.student_release OUT --scan                    # change nothing; scan OUT again
+    python -m autograder.publish.student_release OUT --repository-url https://github.com/ORG/REPO [--branch main]
+    python -m autograder.publish.student_release OUT --book-html _build/html   # copy an already built website
+    python -m autograder.publish.student_release OUT --no-book                 # no website
+    python -m autograder.publish.student_release OUT --scan                    # change nothing; scan OUT again
 
 OUT becomes a repository of its own, pushed as it is: the learner notebooks (``notebooks/``, copied from the
 committed nbgrader release), the learner's package ``src/minigpt`` (``minigpt-export`` of those notebooks,
@@ -38,11 +38,11 @@ from urllib.parse import unquote, urlparse
 import yaml
 from packaging.requirements import Requirement
 
-from autograder.base import ANSI_ESCAPE, DEFAULT_CELL_TIMEOUT
+from autograder.base import ANSI_ESCAPE, DEFAULT_CELL_TIMEOUT, DEFAULT_COURSE_ROOT
 from autograder.intake import course_chapters as chapters
 from coursekit import export
 
-COURSE_ROOT = Path(__file__).resolve().parent.parent
+COURSE_ROOT = DEFAULT_COURSE_ROOT
 MARKER = ".minigpt-student-release"
 WEBSITE = "docs"  # GitHub Pages serves a branch's docs/ folder as it is
 # Not for learners: the website's build (the release ships it built, without its sources) and minigpt-grade's
@@ -754,7 +754,7 @@ def size(folder: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder.student_release",
+    parser = argparse.ArgumentParser(prog="python -m autograder.publish.student_release",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder to write (made by this command, or empty)")
     parser.add_argument("--repository-url", help="where OUT will be pushed (Binder buttons open it)")

@@ -59,7 +59,7 @@ class Served(torch.nn.Module):
         self.service, self.in_features, self.out_features = service, in_features, out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from autograder.hidden import ask_judge
+        from autograder.sandboxed.hidden import ask_judge
 
         return ask_judge(self.service, x)
 
