@@ -24,11 +24,12 @@ BUDGET_MINUTES = 40
 # ones start first and the short ones fill in at the end: the run ends close to when the two workers' shares do, not
 # with one long file alone on one worker (xdist's own order, by number of tests, left the one-test hub file last).
 LONGEST_FIRST = [
-    "test_site.py", "test_kernel_paths.py", "test_hostile_grading.py", "test_grading_tool.py",
-    "test_chapter06_grading.py", "test_capstone.py", "test_hub.py", "test_chapter09_grading.py",
-    "test_constrained.py", "test_chapter10_grading.py", "test_chapter08_grading.py", "test_shipped_model.py",
-    "test_chapter01_grading.py", "test_student_release.py", "test_chapter05_grading.py", "test_chapter07_grading.py", "test_benchmarks.py",
-    "test_samplers.py", "test_kv_cache.py", "test_generation.py", "test_chapter04_grading.py", "test_batching.py",
+    "test_site.py", "test_hostile_grading.py", "test_kernel_paths.py", "test_grading_tool.py", "test_capstone.py",
+    "test_hub.py", "test_chapter06_grading.py", "test_chapter07_grading.py", "test_chapter09_grading.py",
+    "test_chapter08_grading.py", "test_chapter05_grading.py", "test_constrained.py", "test_chapter01_grading.py",
+    "test_chapter10_grading.py", "test_benchmarks.py", "test_environment.py", "test_student_release.py",
+    "test_generation.py", "test_shipped_model.py", "test_kv_cache.py", "test_samplers.py", "test_chapter04_grading.py",
+    "test_batching.py",
 ]
 # Last: the one minigpt-grade batch of the whole class, which uses both cores by itself and compares its grades with
 # the warm kernels' of the chapters' tests, done by then (tests/submissions/grading.py: share_warm).

@@ -65,11 +65,8 @@ ONE_PASS_TOO_MANY = """\
         logits = forward_padded(model, new, mask, cache)[:, -1]
 """
 
-# Each prompt alone (the right ids), then every count this side could fake for "one forward pass of the batch per
-# token": the head's hooks called with a batch of every row, a call of the judge's head with such a batch, and the
-# list a forward hook of the head used to fill (which got full marks when the grader read it). The head's weights
-# are the judge's: every pass was counted there.
-ALONE_FAKED_COUNT = """\
+# Each prompt generated alone, one after the other: the right ids, a pass per row and token.
+EACH_ALONE = """\
     for b, row in enumerate(rows):
         ids, mask = left_pad([row.prompt_ids], pad_id=0)
         cache = KVCache(config.n_layer)
@@ -80,6 +77,13 @@ ALONE_FAKED_COUNT = """\
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             logits = forward_padded(model, torch.tensor([[row.ids[-1]]]), mask, cache)[:, -1]
+"""
+
+# Each prompt alone (the right ids), then every count this side could fake for "one forward pass of the batch per
+# token": the head's hooks called with a batch of every row, a call of the judge's head with such a batch, and the
+# list a forward hook of the head used to fill (which got full marks when the grader read it). The head's weights
+# are the judge's: every pass was counted there.
+ALONE_FAKED_COUNT = EACH_ALONE + """\
     batch = torch.zeros(len(rows), 1, config.n_embd)
     for hook in list(model.lm_head._forward_hooks.values()):
         hook(model.lm_head, (batch,), None)
@@ -145,18 +149,7 @@ MUTANTS = [
            {"test_forward_padded": "read the padding", "test_generate_batch": ""}),
     # ---- generate_batch
     Mutant("gen-each-alone", "each prompt generated alone, one after the other",
-           (Edit("generate_batch", LOOP, """\
-    for b, row in enumerate(rows):
-        ids, mask = left_pad([row.prompt_ids], pad_id=0)
-        cache = KVCache(config.n_layer)
-        logits = forward_padded(model, ids, mask, cache)[:, -1]
-        for step in range(max_new_tokens):
-            row.add(samplers[b](logits[0], row.prompt_ids + row.ids))
-            if step == max_new_tokens - 1 or row.finish_reason:
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = forward_padded(model, torch.tensor([[row.ids[-1]]]), mask, cache)[:, -1]
-"""),),
+           (Edit("generate_batch", LOOP, EACH_ALONE),),
            {"test_generate_batch": "one forward pass of the whole batch"}),
     Mutant("gen-alone-faked-count", "each prompt generated alone, then a batch's count of forward passes faked",
            (Edit("generate_batch", LOOP, ALONE_FAKED_COUNT),),
