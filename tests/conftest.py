@@ -24,7 +24,8 @@ BUDGET_MINUTES = 40
 # ones start first and the short ones fill in at the end: the run ends close to when the two workers' shares do, not
 # with one long file alone on one worker (xdist's own order, by number of tests, left the one-test hub file last).
 LONGEST_FIRST = [
-    "test_site.py", "test_hostile_grading.py", "test_kernel_paths.py", "test_grading_tool.py", "test_capstone.py",
+    # the first two share the pages' runs (tests/pages_run.py), from either end: one worker each
+    "test_site.py", "test_kernel_paths.py", "test_hostile_grading.py", "test_grading_tool.py", "test_capstone.py",
     "test_hub.py", "test_chapter06_grading.py", "test_chapter07_grading.py", "test_chapter09_grading.py",
     "test_chapter08_grading.py", "test_chapter05_grading.py", "test_constrained.py", "test_chapter01_grading.py",
     "test_chapter10_grading.py", "test_benchmarks.py", "test_environment.py", "test_student_release.py",

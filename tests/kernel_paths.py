@@ -2,12 +2,14 @@
 
 torch picks its CPU kernels by ``ATEN_CPU_CAPABILITY`` (``default``, ``avx2``, ``avx512``: the best the CPU has unless
 told) and splits large operations over its threads, and the last bits of a float32 result follow both. The suite runs
-every numeric assertion on the machine's own path, and the assertions a learner or a reader meets again on ``OTHER``'s
-capability, the portable kernels. A tolerance that only held by one CPU's luck fails on one of the two.
+the chapters' numeric assertions on the machine's own path and again on ``OTHER``'s capability, the portable kernels,
+and the pages' on the portable kernels, where ``make course`` runs them on the machine's own. A tolerance that only
+held by one CPU's luck fails on one of the two.
 
-- The pages: each chapter page's cells, build-time assertions included, executed again with the portable kernels on
-  one thread (``tests/test_kernel_paths.py``); the book build runs them on the machine's own, pages 1 to 4 on every
-  core, the others on one thread.
+- The pages: each chapter page's cells, build-time assertions included, executed with the portable kernels on one
+  thread, once per run (``tests/pages_run.py``: tests/test_kernel_paths.py and the book build of tests/test_site.py
+  share that run); ``make course`` runs them on the machine's own, pages 1 to 4 on every core, the others on one
+  thread, and asserts them there too.
 - The learners' side: the reference answer of each chapter graded again, and every correct variant graded, in a warm
   kernel on ``OTHER`` (``tests/submissions/grading.py``), the portable kernels on two threads: their visible tests, which compare
   with Hugging Face's answers recorded on another machine (``coursekit.recorded``), and the learner side of every

@@ -5,14 +5,15 @@ Builds the book once per session with the Makefile's command (``-W``: any warnin
 other host does not exist. So a formula that comes out typeset proves MathJax is served from the book
 itself, not from a CDN.
 
-The build here is the Makefile's with the pages' clocks off (``coursekit.clocks``): every cell runs and every claim
-about numbers is asserted, timing loops take one round and no claim about time is asserted (the machine running the
-suite shares its cores; ``make course`` measures and asserts them). So it goes to a folder of its own, whose
-executed notebooks (its jupyter-cache) ``make course`` never reuses, and leaves the course's ``_build`` alone.
+The build here is the Makefile's, with its pages executed once per session by ``pages_run`` (on torch's portable
+kernels, one thread, the pages' clocks off: every cell runs and every claim about numbers is asserted, timing loops
+take one round and no claim about time is asserted; ``make course`` runs them on the machine's own kernels and
+measures and asserts time), which tests/test_kernel_paths.py shares: the build takes every page from that run's
+jupyter-cache and executes none itself. It goes to a folder of its own and leaves the course's ``_build`` alone.
 
 The student release's website (``make student-release``) is tested here too, after the book: its pages run the same
-code, and its build reuses the book's executed notebooks (the build's jupyter-cache) instead of running them all
-again. In one file, the two builds never run at once (pytest-xdist ``--dist loadfile``).
+code, and its build reuses the pages' executed notebooks (``pages_run``'s jupyter-cache) instead of running them
+all again. In one file, the two builds never run at once (pytest-xdist ``--dist loadfile``).
 """
 import html
 import json
@@ -31,6 +32,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
+import pages_run
 from coursekit import clocks
 
 pytestmark = pytest.mark.slow
@@ -44,30 +46,44 @@ CHAPTERS = [
 CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium"
 
 
-def build_command(output: Path) -> list[str]:
-    """The Makefile's ``make course`` command, its build in ``output``/_build."""
+def build_command(output: Path, config: Path | None = None) -> list[str]:
+    """The Makefile's ``make course`` command, its build in ``output``/_build (``config``: another _config.yml)."""
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    return [str(jupyter_book), "build", "--all", "-W", "--keep-going", "--path-output", str(output), "."]
+    return [str(jupyter_book), "build", "--all", "-W", "--keep-going", *(["--config", str(config)] if config else []),
+            "--path-output", str(output), "."]
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory) -> Path:
-    """The folder of the book's build (its ``html`` and ``.jupyter_cache``), the pages' clocks off."""
+def page_cache(tmp_path_factory) -> Path:
+    """The jupyter-cache of every chapter page executed (``pages_run``), shared with tests/test_kernel_paths.py."""
+    shared = pages_run.shared_folder(tmp_path_factory)
+    # from the last page: the other worker, in tests/test_kernel_paths.py, takes them from the first
+    failures = [why for page in reversed(pages_run.PAGES) if (why := pages_run.run_page(page, shared))]
+    if failures:
+        pytest.fail("the book cannot be built: pages failed (tests/test_kernel_paths.py names them too):\n"
+                    + "\n\n".join(failures), pytrace=False)
+    return pages_run.cache_folder(shared)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, page_cache) -> Path:
+    """The folder of the book's build (its ``html``), every page's outputs from ``page_cache``."""
     output = tmp_path_factory.mktemp("book")
-    env = dict(
-        os.environ,
-        TIKTOKEN_CACHE_DIR=str(ROOT / "src" / "coursekit" / "data" / "tiktoken"),
-        HF_HUB_OFFLINE="1",
-        **{clocks.ENV: "off"},
-    )
-    start = time.time()
+    config = output / "_config.yml"
+    sphinx = {**CONFIG["sphinx"], "local_extensions": {  # resolved against the config file's folder: this one's
+        name: str(ROOT / path) for name, path in CONFIG["sphinx"]["local_extensions"].items()}}
+    config.write_text(yaml.safe_dump({**CONFIG, "sphinx": sphinx,
+                                      "execute": {**CONFIG["execute"], "cache": str(page_cache)}}))
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(ROOT / "src" / "coursekit" / "data" / "tiktoken"),
+               HF_HUB_OFFLINE="1", **{clocks.ENV: "off"})
+    records = pages_run.cached_pages(page_cache.parent)
     result = subprocess.run(
-        build_command(output), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+        build_command(output, config), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
     )
-    if result.returncode != 0:  # the failing pages' errors first (as `make course` says them), then the build's log
-        why = subprocess.run([sys.executable, str(ROOT / "tools" / "build_failures.py"), "--since", str(start),
-                              "--html", str(output / "_build" / "html")], capture_output=True, text=True).stderr
-        pytest.fail(f"book build failed:{why}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}", pytrace=False)
+    if result.returncode != 0:
+        pytest.fail(f"book build failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}", pytrace=False)
+    # a page whose cells the cache did not match would have been executed again, and cached: none was
+    assert pages_run.cached_pages(page_cache.parent) == records == len(pages_run.PAGES)
     return output / "_build"
 
 
@@ -343,7 +359,7 @@ def test_nothing_is_cut_off_or_wider_than_the_text_column(layouts, page):
     assert not problems, f"{page}:\n" + "\n".join(problems)
 
 
-def test_the_student_release_website_opens_the_release_on_binder(built, tmp_path):
+def test_the_student_release_website_opens_the_release_on_binder(page_cache, tmp_path):
     """``make student-release``'s whole command: the book built with the release's repository, every Binder link
     (the exercise boxes', the theme's buttons on notebook pages) opening a notebook the release has, and a clean
     scan, on a host the theme does not know (its buttons then link the repository GitHub's way). One build (50 s):
@@ -353,7 +369,7 @@ def test_the_student_release_website_opens_the_release_on_binder(built, tmp_path
     url = "https://gitea.example-school.org/teach/minigpt-learners"
     out = tmp_path / "release"
     # build() raises if a Binder link opens anything else
-    assert sr.build(out, ROOT, url, "main", execution_cache=built / ".jupyter_cache") == []
+    assert sr.build(out, ROOT, url, "main", execution_cache=page_cache) == []
     assert sr.scan(out) == []
     pages = list((out / "docs").rglob("*.html"))
     links = {link for page in pages for link in re.findall(r'href="(https://mybinder\.org/[^"]+)"', page.read_text())}
