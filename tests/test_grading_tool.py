@@ -376,7 +376,7 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
     import subprocess
     import time
 
-    n = 6
+    n = 4
     class_dir = _class_of(course, n, "class-resume")
     workdir = tmp_path / "workspace"
     args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
