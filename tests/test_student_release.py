@@ -14,6 +14,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 import yaml
@@ -24,6 +25,22 @@ from autograder.publish import student_release as sr
 ROOT = sr.COURSE_ROOT
 URL = "https://github.com/example-school/minigpt-learners"
 CHAPTERS = sr.chapters(ROOT)
+COURSE = sr.course_repository(ROOT)  # the instructor's repository, with the solutions
+BUILT: list[Path] = []  # every release the tests of this file built, for the last test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def record_builds():
+    """Note each release a test builds (through main or build), to read every link of every one at the end."""
+    build = sr.build
+
+    def recorded(out, *args, **kwargs):
+        build(out, *args, **kwargs)
+        BUILT.append(Path(out))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sr, "build", recorded)
+        yield
 
 
 def stand_in_site(folder: Path, repository_url: str = URL) -> Path:
@@ -91,6 +108,21 @@ def test_what_the_release_points_to_is_in_it(release):
     assert run.returncode == 0 and "--out" in run.stdout, run.stderr
 
 
+def test_what_learners_read_tells_them_to_run_nothing_the_release_lacks(release):
+    """The book's pages and exercise boxes (the instructor's preview and the release's website come from them), the
+    course README's section for learners and the release's own texts: none says to run minigpt-grade (the release has
+    no grader); they say to run the notebook's cells and its test cells."""
+    learners = (ROOT / "README.md").read_text().split("## For learners\n", 1)[1].split("\n## ", 1)[0]
+    texts = {"README.md, For learners": learners, **{str(p.relative_to(ROOT)): p.read_text() for p in
+                                                   [*(ROOT / "book").glob("*.md"), ROOT / "book/_ext/exercise.py"]},
+             **{f"release/{p.relative_to(release)}": p.read_text() for p in
+                [release / "README.md", *release.glob("notebooks/*/*.ipynb")]}}
+    told = {name for name, text in texts.items()
+            if re.search(r"\.venv/bin/minigpt-grade|minigpt-grade[` ]+(?:\{path\}|notebooks/)", text)}
+    assert not told, f"these tell learners to run minigpt-grade: {sorted(told)}"
+    assert "Run All Cells" in learners and "Run All Cells" in (ROOT / "book/intro.md").read_text()
+
+
 def test_pyproject_and_binder_environment_ask_for_the_same_packages(release):
     project = tomllib.loads((release / "pyproject.toml").read_text())["project"]
     assert set(project["scripts"]) == {"minigpt-export", "minigpt-generate"}  # no minigpt-grade: no hidden checks
@@ -102,6 +134,7 @@ def test_pyproject_and_binder_environment_ask_for_the_same_packages(release):
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in pip
     pins = {sr._canonical(Requirement(d).name): Requirement(d) for d in pip if d[0] != "-"}
     assert [f"{r.name}{r.specifier}" for r in pins.values()] == sr.learner_pins(ROOT)
+    assert not {"nh3", "distributed"} & set(pins), "the grader's packages (its page sanitizer, its cluster)"
     # The learners' side only: none of the course's build and test tools, none of JupyterHub (repo2docker's).
     course_tools = {"jupyter-book", "jupytext", "sphinx", "myst-nb", "sphinx-book-theme", "pytest", "pytest-xdist",
                     "hypothesis", "selenium", "jupyterhub"}
@@ -323,9 +356,13 @@ def test_the_scan_names_each_leak(copy, leak):
 
 
 def test_the_command_exits_1_on_a_leak(copy, capsys):
+    """And a file that points to the course's repository (with the solutions), in any of its forms, is one."""
     (copy / "gradebook.db").write_bytes(b"")
+    (copy / "README.md").write_text(f"Solutions: [here]({COURSE.replace('/', '%2F')}.git)\n")
     assert sr.main([str(copy), "--scan"]) == 1
-    assert "LEAK gradebook.db: grading file" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "LEAK gradebook.db: grading file" in out
+    assert f"LEAK README.md: points to the course's repository {COURSE}, which holds the solutions" in out
 
 
 def test_it_refuses_a_folder_it_did_not_make(tmp_path, capsys):
@@ -354,6 +391,7 @@ def test_a_website_needs_the_release_repository(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("url, message", [
+    (COURSE, "the course's own repository (_config.yml's), which holds the solutions"),
     ("https://example.org/x", "no repository in it, only a host: give the repository's whole address"),
     ("https://example.org", "no repository in it"),
     ("github.com/org/repo", "an address without https://, where Binder clones the release over https"),
@@ -413,9 +451,77 @@ def test_a_failed_build_shows_the_end_of_its_log():
                           "There was an error in building your book. Look above for the cause."]
 
 
-def test_a_copied_website_built_for_another_repository_is_reported(tmp_path, capsys):
-    course = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-    site = stand_in_site(tmp_path / "site", repository_url=course)
-    assert sr.main([str(tmp_path / "release"), "--repository-url", URL, "--book-html", str(site)]) == 0
+def course_links(folder: Path) -> list[str]:
+    """Every address in the text files of ``folder`` (links, buttons, bare URLs; HTML entities and %-escapes undone)
+    that opens the course's repository: itself, or Binder (gh/, gl/, git/) on it, as 'file: address'."""
+    course = urlparse(COURSE)
+    path = course.path.strip("/")
+    forms = [f"{course.netloc}/{path}", f"/v2/gh/{path}", f"/v2/gl/{path}"]  # git/ holds the address whole
+    opens = re.compile("|".join(re.escape(form) for form in forms) + r"(?:\.git)?(?![\w-]|\.\w)", re.I)
+    found = []
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and ".git" not in p.relative_to(folder).parts):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for address in re.findall(r"(?:https?|git)(?::|%3A)[^\s\"'<>()\]]+", html.unescape(text), re.I):
+            if opens.search(unquote(address)):
+                found.append(f"{file.relative_to(folder)}: {address}")
+    return found
+
+
+def instructor_site(folder: Path) -> Path:
+    """What `make course` builds, in small: a chapter page whose theme buttons open the course's repository, its
+    issues and the page's own source on Binder, and whose exercise box opens the notebook there."""
+    (folder / "book").mkdir(parents=True)
+    (folder / "index.html").write_text('<html><body><a href="book/01-tokens.html">Tokens</a></body></html>')
+    source = sr.binder_url(ROOT, COURSE, "main", f"book/{CHAPTERS[0]}.md")
+    exercise = sr.binder_url(ROOT, COURSE, "main", f"notebooks/{CHAPTERS[0]}/{CHAPTERS[0]}.ipynb")
+    (folder / "book" / f"{CHAPTERS[0]}.html").write_text(
+        f'<html><body><a href="{html.escape(source)}">Binder</a><a href="{COURSE}">repository</a>'
+        f'<a href="{COURSE}/issues/new?title=Issue%20on%20page">open issue</a>'
+        f'<a class="binder-exercise-link" href="{html.escape(exercise)}">Launch on Binder</a></body></html>')
+    return folder
+
+
+def test_the_instructors_website_is_refused_naming_its_pages_and_what_to_run(tmp_path, capsys):
+    """`make course`'s website opens the course's repository (the solutions) and chapter pages' sources the release
+    does not have: --book-html refuses it, says why on which pages and what to type, and leaves no release."""
+    site = instructor_site(tmp_path / "site")
+    assert len(course_links(site)) == 4  # what the last test looks for, it finds
+    out = tmp_path / "release"
+    assert sr.main([str(out), "--repository-url", URL, "--book-html", str(site)]) == 2
     err = capsys.readouterr().err
-    assert f"not the release repository {URL}" in err and "build without --book-html" in err
+    page = f"book/{CHAPTERS[0]}.html"
+    assert f"refusing --book-html {site}: it is not a website built for the release {URL}" in err, err
+    assert f"Binder opens book/{CHAPTERS[0]}.md, which the release does not have (on 1 page(s): {page})" in err
+    assert f"Binder opens the course's repository {COURSE}, which holds the solutions (on 1 page(s): {page})" in err
+    assert f"links to the course's repository {COURSE}, which holds the solutions (on 1 page(s): {page})" in err
+    assert err.rstrip().endswith(f"make student-release RELEASE_URL={URL}"), err
+    assert [p.name for p in out.iterdir()] == [sr.MARKER]
+
+
+def test_a_copied_website_must_open_the_release_itself(tmp_path, capsys):
+    """A website built for another learners' repository (or branch) is refused too, and --book-html without the
+    release's address (the release fixture copies one built for the release)."""
+    other = stand_in_site(tmp_path / "other", repository_url="https://github.com/example-school/last-year")
+    assert sr.main([str(tmp_path / "a"), "--repository-url", URL, "--book-html", str(other), "--branch", "spring"]) == 2
+    err = capsys.readouterr().err
+    assert ("opens https://mybinder.org/v2/gh/example-school/last-year/main, not the release repository "
+            f"{URL} (branch spring) (on 1 page(s): index.html)") in err, err
+    assert err.rstrip().endswith(f"make student-release RELEASE_URL={URL} RELEASE_BRANCH=spring"), err
+    assert sr.main([str(tmp_path / "b"), "--book-html", str(other)]) == 2
+    assert "RELEASE_URL=https://HOST/OWNER/REPO" in capsys.readouterr().err
+    inside = stand_in_site(tmp_path / "c" / "docs")  # an earlier release's website, left where the next run clears
+    assert sr.main([str(tmp_path / "c"), "--repository-url", URL, "--book-html", str(inside)]) == 2
+    assert "which this command clears first: copy it elsewhere" in capsys.readouterr().err
+    assert (inside / "index.html").is_file()
+
+
+def test_no_release_the_tests_built_opens_the_course_repository(release):
+    """Every link of every release this file built (a website, none, a README with and without a Binder link)
+    opens the release or elsewhere, never the instructor's repository."""
+    built = list(dict.fromkeys(folder for folder in [release, *BUILT] if folder.is_dir()))
+    assert release in built
+    found = [f"{folder.name}/{link}" for folder in built for link in course_links(folder)]
+    assert not found, "\n".join(found)

@@ -1,7 +1,7 @@
 """Build the student release: everything learners get, and nothing they must not see.
 
     python -m autograder.publish.student_release OUT --repository-url https://github.com/ORG/REPO [--branch main]
-    python -m autograder.publish.student_release OUT --book-html _build/html   # copy an already built website
+    python -m autograder.publish.student_release OUT --repository-url URL --book-html DIR  # a website built for URL
     python -m autograder.publish.student_release OUT --no-book                 # no website
     python -m autograder.publish.student_release OUT --scan                    # change nothing; scan OUT again
 
@@ -10,7 +10,9 @@ committed nbgrader release), the learner's package ``src/minigpt`` (``minigpt-ex
 so every exercise is a ``raise NotImplementedError()`` stub), ``src/coursekit`` (the tools, the offline data
 and the shipped model), its own ``pyproject.toml``, Binder's ``environment.yml`` and ``postBuild``,
 ``constraints.txt``, a ``Makefile``, a learner README, a licence and the website in ``docs/``. The website is
-built with the release's repository URL, so its Binder buttons open the release, not the course.
+built with the release's repository URL, so its Binder buttons open the release, not the course; a copied website
+(``--book-html``) must be one built so: one whose links open another repository, such as ``make course``'s preview,
+which opens the course's (the solutions), is refused.
 
 It ends with a scan of OUT (``scan``) for solutions, hidden tests, grading code and copies of the reference
 implementation; any finding makes the exit status 1. A usage problem exits 2. OUT is cleared on each run,
@@ -46,10 +48,12 @@ COURSE_ROOT = DEFAULT_COURSE_ROOT
 MARKER = ".minigpt-student-release"
 WEBSITE = "docs"  # GitHub Pages serves a branch's docs/ folder as it is
 # Not for learners: the website's build (the release ships it built, without its sources) and minigpt-grade's
-# process control and cluster (the release has no autograder).
-NOT_FOR_LEARNERS = {"jupyter-book", "jupytext", "psutil", "distributed"}
+# process control, cluster and page sanitizer (the release has no autograder).
+NOT_FOR_LEARNERS = {"jupyter-book", "jupytext", "psutil", "distributed", "nh3"}
 # nbgrader's instructor tools (create assignment, formgrader, course list) hidden from the learners' JupyterLab; the
-# assignment list (fetch, submit) and the Validate button stay. Run in the environment's prefix, on Binder and locally.
+# assignment list (fetch, submit: a course's JupyterHub) and the Validate button stay. nbgrader is one package, its
+# instructor side included (no pip option leaves it out): switched off and locked here, with nothing in the release
+# for it to use (no gradebook, sources or hidden tests). Run in the environment's prefix, on Binder and locally.
 LEARNER_LAB = ("jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:formgrader "
                "@jupyter/nbgrader:create-assignment @jupyter/nbgrader:course-list\n"
                "jupyter labextension lock --level=sys_prefix @jupyter/nbgrader:formgrader "
@@ -204,7 +208,8 @@ def _canonical(name: str) -> str:
 def learner_pins(course_root: Path) -> list[str]:
     """The release's packages (pyproject.toml's, less NOT_FOR_LEARNERS) and everything they need on Binder's Linux,
     found from the installed packages' own requirements, each pinned as constraints.txt pins it. The course's
-    build and test tools (Sphinx, the book's themes, pytest, selenium, JupyterHub) are not among them."""
+    build, test and grading tools (Sphinx, the book's themes, pytest, selenium, JupyterHub, nh3, Dask) are not among
+    them."""
     binder = _binder_environment(course_root)
     pinned = {_canonical(Requirement(pin).name): pin for pin in binder.pins(course_root / "constraints.txt")}
     platform = {**binder.BINDER_PLATFORM, "python_version": binder.PYTHON}
@@ -241,7 +246,7 @@ def write_environment(course_root: Path, out: Path) -> None:
     (out / "environment.yml").write_text(f"""\
 # The environment Binder (repo2docker) builds for this repository; postBuild then installs the course's packages
 # (pyproject.toml) without their dependencies, which are these: what the learners' side needs and nothing of the
-# course's own build and test tools, each at the version the course was tested with, torch as its CPU build.
+# course's own build, test and grading tools, each at the version the course was tested with, torch as its CPU build.
 # repo2docker's own server packages (JupyterHub's single-user server) are left as repo2docker installs them;
 # JupyterLab and Jupyter Server are pinned because nbgrader 0.9.6, whose learner side runs in them, needs them
 # (JupyterLab 4.2 to 4: its extension is built for that).
@@ -457,8 +462,8 @@ def release_book_config(course_root: Path, out: Path, repository_url: str, branc
     # Jupyter Book resolves these against the config file's folder, which is a temporary one here.
     sphinx["local_extensions"] = {name: str((course_root / path).resolve())
                                   for name, path in (sphinx.get("local_extensions") or {}).items()}
-    # The release has neither minigpt-grade nor the chapter pages' sources (see book/_ext/exercise.py).
-    sphinx.setdefault("config", {}).update(exercise_check_command="", exercise_launch_buttons_only=True)
+    # The release does not have the chapter pages' sources (see book/_ext/exercise.py).
+    sphinx.setdefault("config", {}).update(exercise_launch_buttons_only=True)
     if not any(provider in urlparse(repository_url).netloc.lower() for provider in THEME_PROVIDERS):
         # The theme stops at an address it does not recognise unless told a provider. GitHub's pattern gives the
         # right repository and issues links (owner/name, /issues) on Gitea and Forgejo too; the Binder links come
@@ -506,24 +511,56 @@ def build_failure(log: str, reports: Path) -> str:
     return "\n".join(shown)
 
 
-def binder_problems(course_root: Path, out: Path, repository_url: str | None, branch: str) -> list[str]:
-    """Binder links of the website that open another repository, or a file the release does not have."""
+def course_repository(course_root: Path) -> str | None:
+    """The course's own repository (``_config.yml``'s), with the solutions: no release may link to it."""
+    config = yaml.safe_load((course_root / "_config.yml").read_text(encoding="utf-8"))
+    return (config.get("repository") or {}).get("url") or None
+
+
+def repository_address(url: str) -> re.Pattern:
+    """Every way a text can point at the repository ``url``, once HTML entities and %-escapes are undone
+    (``pointing``): its address (any scheme or case, with or without .git), or a launch link to it (Binder's
+    ``gh/ORG/REPO``, ``gl/`` and its path, ``git/`` and its address; Colab's ``github/ORG/REPO``)."""
+    parsed = urlparse(url)
+    before = rf"(?:{re.escape(parsed.netloc)}/|/v2/g[hl]/|colab\.research\.google\.com/github/)"
+    path = re.escape(parsed.path.strip("/").removesuffix(".git"))
+    return re.compile(rf"{before}{path}(?:\.git)?(?![\w-]|\.\w)", re.I)  # not .../REPO-other, nor REPO.other
+
+
+def pointing(text: str) -> str:
+    """A text as the addresses in it read: HTML entities and %-escapes undone (Binder escapes a git URL whole)."""
+    return unquote(html.unescape(text))
+
+
+def website_problems(course_root: Path, out: Path, repository_url: str, branch: str) -> list[str]:
+    """What on the release's website would send learners elsewhere: a Binder link that opens another repository or
+    a file the release does not have, and any link to the course's own repository, which holds the solutions."""
     site = out / WEBSITE
+    course = course_repository(course_root)
+    to_course = repository_address(course) if course else None
     problems: dict[str, list[str]] = {}
     for page in sorted(site.rglob("*.html")):
-        for href in set(_BINDER_LINK.findall(page.read_text(encoding="utf-8", errors="replace"))):
-            href = unquote(html.unescape(href))
+        text = page.read_text(encoding="utf-8", errors="replace")
+        name = page.relative_to(site).as_posix()
+        binder = set(_BINDER_LINK.findall(text))
+        for href in binder:
+            href = pointing(href)
             path = href.split("urlpath=", 1)[1].split("tree/", 1)[-1]
             if not (out / path).is_file():
-                problems.setdefault(f"Binder opens {path}, which the release does not have", []).append(page.name)
-            if repository_url and href != unquote(binder_url(course_root, repository_url, branch, path)):
-                target = href.split("?", 1)[0]
-                problems.setdefault(f"Binder opens {target}, not the release repository {repository_url} "
-                                    f"(branch {branch})", []).append(page.name)
-            elif not repository_url:
-                problems.setdefault(f"Binder opens {href.split('?', 1)[0]}: is that the release repository?",
-                                    []).append(page.name)
-    return [f"{WEBSITE}/: {what} ({len(pages)} link(s), e.g. on {pages[0]})" for what, pages in problems.items()]
+                problems.setdefault(f"Binder opens {path}, which the release does not have", []).append(name)
+            if to_course and to_course.search(href):
+                problems.setdefault(f"Binder opens the course's repository {course}, which holds the solutions",
+                                    []).append(name)
+            elif href != pointing(binder_url(course_root, repository_url, branch, path)):
+                problems.setdefault(f"Binder opens {href.split('?', 1)[0]}, not the release repository "
+                                    f"{repository_url} (branch {branch})", []).append(name)
+        links = set(re.findall(r'(?:href|src)="([^"]*)"', text)) - binder
+        if to_course and any(to_course.search(pointing(link)) for link in links):
+            problems.setdefault(f"links to the course's repository {course}, which holds the solutions",
+                                []).append(name)
+    problems = {what: list(dict.fromkeys(pages)) for what, pages in problems.items()}  # a page with two such links
+    return [f"{WEBSITE}/: {what} (on {len(pages)} page(s): {', '.join(pages[:3])}{', ...' if len(pages) > 3 else ''})"
+            for what, pages in problems.items()]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -575,7 +612,8 @@ def _files(folder: Path):
 
 
 class Fingerprints:
-    """What the hidden side of the course looks like: its files, solution code and check functions."""
+    """What the hidden side of the course looks like: its files, solution code and check functions, and the address of
+    the course's repository, where all of them are."""
 
     def __init__(self, course_root: Path):
         # Files the learner side has too are no clue: a data file nbgrader copies from solutions/ to
@@ -618,6 +656,10 @@ class Fingerprints:
                     if len(text) >= MIN_CHECK_STRING_CHARS and text not in shipped:
                         self.snippets.append((text, f"text of {where}"))
         self.check_cells = dict(cells)
+        self.course = course_repository(course_root)
+        self.to_course = repository_address(self.course) if self.course else None
+        # its owner's name, which every form of the address holds as typed: a quick first test (megabytes of corpus)
+        self.course_owner = urlparse(self.course).path.strip("/").split("/")[0].lower() if self.course else ""
         # Hidden tests call `check("test_x", ...)` with the grade id of a cell the judge has checks for.
         self.check_call = (re.compile(r"\bcheck\s*\(\s*[\"'](" + "|".join(map(re.escape, sorted(self.check_cells)))
                                       + r")[\"']") if cells else None)
@@ -647,6 +689,9 @@ def scan(out: Path, course_root: Path = COURSE_ROOT) -> list[str]:
         text = readable_text(path, data)
         if text is None:
             continue
+        raw = data.decode("utf-8")
+        if prints.to_course and prints.course_owner in raw.lower() and prints.to_course.search(pointing(raw)):
+            findings.append(f"{rel}: points to the course's repository {prints.course}, which holds the solutions")
         # (the substring tests first: the regular expressions are slow on megabytes of corpus)
         markers = LEAK_TEXT.findall(text) if any(k in text for k in ("SOLUTION", "HIDDEN", "autograder")) else []
         for marker in sorted(set(markers)):
@@ -702,30 +747,39 @@ def stub_findings(out: Path) -> list[str]:
 
 
 def build(out: Path, course_root: Path = COURSE_ROOT, repository_url: str | None = None, branch: str = "main",
-          book_html: Path | None = None, no_book: bool = False, execution_cache: Path | None = None) -> list[str]:
-    """Write the student release into OUT; return warnings about its website's Binder links.
+          book_html: Path | None = None, no_book: bool = False, execution_cache: Path | None = None) -> None:
+    """Write the student release into OUT.
 
-    ``execution_cache``: jupyter-cache folder for the website's pages (default: the course build's own).
+    ``book_html``: a website already built for ``repository_url``, copied instead of building one (a website whose
+    links open anything else is refused); ``execution_cache``: jupyter-cache folder for the website's pages (default:
+    the course build's own).
     """
     check_course(course_root)
-    if not (no_book or book_html or repository_url):
+    if not (no_book or repository_url):
         raise UsageError("the website's Binder buttons need the release repository, where OUT will be pushed: "
                          "make student-release RELEASE_URL=https://HOST/OWNER/REPO (here: --repository-url URL), or "
-                         "--book-html PATH or --no-book")
+                         "--no-book")
+    if repository_url:
+        check_repository_url(repository_url)
+        course = course_repository(course_root)
+        if course and repository_address(course).search(repository_url):
+            raise UsageError(f"--repository-url {repository_url}: the course's own repository (_config.yml's), which "
+                             "holds the solutions: push the release to a repository of its own "
+                             "(e.g. make student-release RELEASE_URL=https://github.com/ORG/minigpt-learners)")
     if book_html and not (Path(book_html) / "index.html").is_file():
         raise UsageError(f"{book_html} is not a built website (no index.html in it)")
-    if repository_url and not (no_book or book_html):
-        check_repository_url(repository_url)
+    if book_html and Path(book_html).resolve().is_relative_to(Path(out).resolve()):
+        raise UsageError(f"--book-html {book_html} is inside {out}, which this command clears first: copy it elsewhere")
     prepare(out)
     try:
-        return _write_release(out, course_root, repository_url, branch, book_html, no_book, execution_cache)
+        _write_release(out, course_root, repository_url, branch, book_html, no_book, execution_cache)
     except BaseException:
         _empty(out)  # nothing half-built that looks like a release
         raise
 
 
 def _write_release(out: Path, course_root: Path, repository_url: str | None, branch: str, book_html: Path | None,
-                   no_book: bool, execution_cache: Path | None) -> list[str]:
+                   no_book: bool, execution_cache: Path | None) -> None:
     copy_notebooks(course_root, out)
     shutil.copytree(course_root / "src" / "coursekit", out / "src" / "coursekit", ignore=COPY_IGNORE)
     export.write_package(out / "notebooks", out / "src" / "minigpt")
@@ -736,16 +790,23 @@ def _write_release(out: Path, course_root: Path, repository_url: str | None, bra
     write_license(course_root, out)
     write_readme(course_root, out, repository_url, branch, website=not no_book)
     if no_book:
-        return []
+        return
     if book_html:
         shutil.copytree(book_html, out / WEBSITE, ignore=shutil.ignore_patterns(".buildinfo"))
     else:
         build_website(course_root, out, repository_url, branch, execution_cache)
     (out / WEBSITE / ".nojekyll").write_text("")  # GitHub Pages would hide _static/ and _images/
-    problems = binder_problems(course_root, out, repository_url, branch)
-    if problems and not book_html:
-        raise UsageError("the website built for the release has wrong Binder links:\n" + "\n".join(problems))
-    return problems
+    problems = "\n".join(website_problems(course_root, out, repository_url, branch))
+    if problems and book_html:
+        make = f"make student-release RELEASE_URL={repository_url}"
+        make += f" RELEASE_BRANCH={branch}" if branch != "main" else ""
+        raise UsageError(f"refusing --book-html {book_html}: it is not a website built for the release "
+                         f"{repository_url}, and learners would follow its links:\n{problems}\n"
+                         "The website make course builds is the instructor's preview: its buttons open the course's "
+                         "repository, and its chapter pages' launch buttons open sources the release does not have. "
+                         f"Build the release's own website instead (it reuses the pages make course executed): {make}")
+    if problems:
+        raise UsageError(f"the website built for the release would send learners elsewhere:\n{problems}")
 
 
 def size(folder: Path) -> str:
@@ -760,8 +821,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repository-url", help="where OUT will be pushed (Binder buttons open it)")
     parser.add_argument("--branch", default="main", help="the branch of that repository (default: main)")
     website = parser.add_mutually_exclusive_group()
-    website.add_argument("--book-html", type=Path, help="copy this built website instead of building one; its "
-                         "Binder buttons open whatever repository it was built for")
+    website.add_argument("--book-html", type=Path, help="copy this website, already built for --repository-url (such "
+                         "as an earlier release's docs/), instead of building one; a website whose links open "
+                         "another repository or files the release lacks (make course's preview) is refused")
     website.add_argument("--no-book", action="store_true", help="no website in the release")
     parser.add_argument("--scan", action="store_true", help="change nothing: scan OUT and report")
     parser.add_argument("--course-root", type=Path, default=COURSE_ROOT)
@@ -769,12 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     root, out = args.course_root.resolve(), args.out.resolve()
     try:
         if not args.scan:
-            problems = build(out, root, args.repository_url, args.branch, args.book_html, args.no_book)
-            for problem in problems:
-                print(f"warning: {problem}", file=sys.stderr)
-            if problems:
-                print(f"warning: {WEBSITE}/ is a copy of {args.book_html}; build without --book-html for a website "
-                      "whose Binder buttons open the release's notebooks", file=sys.stderr)
+            build(out, root, args.repository_url, args.branch, args.book_html, args.no_book)
         elif not (out / MARKER).is_file():
             raise UsageError(f"{out} is not a student release (no {MARKER} in it)")
     except UsageError as err:

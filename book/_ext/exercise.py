@@ -5,16 +5,16 @@
     ```
 
 renders a "Launch on Binder" link for ``notebooks/01-tokens/01-tokens.ipynb``, a link to that notebook's
-page in this book and one line on checking the work locally (``:ungraded:`` on the line after the name says
-instead that nothing is graded, for the capstone). The Binder URL is built from the settings
-the theme's own launch buttons use (``launch_buttons`` and ``repository`` in ``_config.yml``), so the two
-cannot disagree. A missing notebook or a notebook page left out of ``_toc.yml`` is a build warning, which
-``-W`` turns into an error.
+page in this book and one line on how the work is checked: by the notebook's test cells, and by hidden tests once
+handed in (``:ungraded:`` on the line after the name says instead that nothing is graded, for the capstone). The
+instructor's preview says the same as the student release's website: learners have no ``minigpt-grade``. The Binder
+URL is built from the settings the theme's own launch buttons use (``launch_buttons`` and ``repository`` in
+``_config.yml``), so the two cannot disagree. A missing notebook or a notebook page left out of ``_toc.yml`` is a
+build warning, which ``-W`` turns into an error.
 
-Two settings serve the student release (``autograder/publish/student_release.py``), whose repository holds the
-notebooks but neither ``minigpt-grade`` nor the chapter pages' sources: an empty ``exercise_check_command``
-replaces the local-grading line with one about the notebook's own test cells, and
-``exercise_launch_buttons_only`` keeps the theme's launch buttons on exercise pages only.
+One setting serves the student release (``autograder/publish/student_release.py``), whose repository holds the
+notebooks but not the chapter pages' sources: ``exercise_launch_buttons_only`` keeps the theme's launch buttons on
+exercise pages only.
 """
 from pathlib import Path
 from urllib.parse import quote, urlparse
@@ -97,18 +97,9 @@ class ExerciseDirective(SphinxDirective):
         )
         box += nodes.paragraph("", "", launch, nodes.Text(" or "), page, nodes.Text("."))
 
-        check = self.config.exercise_check_command.format(path=path_in_repo)
         if "ungraded" in self.options:
             box += nodes.paragraph("", "Nothing in this notebook is graded: run it from the top whenever you want "
                                        "to know where your package stands.")
-        elif check:
-            box += nodes.paragraph(
-                "",
-                "",
-                nodes.Text("To check your work on your own machine, run "),
-                nodes.literal(text=check),
-                nodes.Text(" in the course folder: it grades the notebook with the hidden tests and says which ones fail and why."),
-            )
         else:
             box += nodes.paragraph(
                 "",
@@ -134,7 +125,6 @@ def keep_launch_buttons_on_exercises(app, pagename, templatename, context, doctr
 
 
 def setup(app):
-    app.add_config_value("exercise_check_command", "minigpt-grade {path}", "env", [str])
     app.add_config_value("exercise_launch_buttons_only", False, "html", [bool])
     app.connect("html-page-context", keep_launch_buttons_on_exercises, priority=600)
     app.add_directive("exercise", ExerciseDirective)

@@ -5,8 +5,10 @@ A failed check says what was called, what came back, what was expected and, wher
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
+import inspect
 import linecache
 import os
 import re
@@ -44,6 +46,66 @@ def show(value) -> str:
 def describe_call(name: str, args=(), kwargs=None) -> str:
     parts = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in (kwargs or {}).items()]
     return f"{name}({', '.join(parts)})"
+
+
+def describe(fn, args=(), kwargs=None, name: str | None = None) -> str:
+    """How a message names the call ``fn(*args, **kwargs)``: ``name`` and the arguments where a name is given; a
+    lambda by the expression it returns, as the test cell wrote it, its parameters replaced by the values passed
+    (``left_pad([[4], [5, 6]], 50256)[0].tolist()``, not ``<lambda>()``); any other function by its name."""
+    if name is None and getattr(fn, "__name__", None) == "<lambda>":
+        written = _lambda_expression(fn, args, kwargs or {})
+        if written:
+            return written
+    return describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+
+
+MAX_EXPRESSION_BYTES = 400  # a test's expression is a line or two; a longer lambda is named as before
+
+
+def _lambda_expression(fn, args, kwargs) -> str | None:
+    """The source of the expression a lambda returns, from the positions its code records (a notebook cell's source
+    is in linecache), with each parameter replaced by its value; None where the source cannot be read."""
+    code = fn.__code__
+    spans = [(line, col, end_line, end_col) for line, end_line, col, end_col in code.co_positions()
+             if line is not None and col is not None and (line, col) != (end_line, end_col)]
+    lines = linecache.getlines(code.co_filename)
+    if not spans or not lines:
+        return None
+    (first, start), (last, end) = min(s[:2] for s in spans), max(s[2:] for s in spans)
+    chunk = [line.encode("utf-8") for line in lines[first - 1:last]]  # positions count UTF-8 bytes
+    if len(chunk) != last - first + 1:
+        return None
+    chunk[-1] = chunk[-1][:end]
+    chunk[0] = chunk[0][start:]
+    source = b"".join(chunk)
+    if len(source) > MAX_EXPRESSION_BYTES:
+        return None
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        tree = ast.parse(source.decode("utf-8"), mode="eval")
+    except (TypeError, SyntaxError, UnicodeDecodeError):
+        return None
+    bound.apply_defaults()
+    starts = [0]  # the byte offset of each line of the expression
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def offsets(node):
+        return starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset
+
+    values = bound.arguments
+    varargs = {p.name for p in bound.signature.parameters.values() if p.kind is p.VAR_POSITIONAL}
+    swaps, inside_starred = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Starred) and isinstance(node.value, ast.Name) and node.value.id in varargs:
+            swaps.append((*offsets(node), ", ".join(show(v) for v in values[node.value.id])))
+            inside_starred.add(id(node.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in values and id(node) not in inside_starred:
+            swaps.append((*offsets(node), show(values[node.id])))
+    for begin, finish, text in sorted(swaps, reverse=True):
+        source = source[:begin] + text.encode("utf-8") + source[finish:]
+    return re.sub(r"\s*\n\s*", " ", source.decode("utf-8"))
 
 
 # ---------------------------------------------------------------- where an error came from
@@ -146,7 +208,7 @@ def call(fn, *args, name: str | None = None, label: str | None = None, hint: str
 
     The call is described from ``name`` and the arguments, or by ``label`` where the caller has a better
     description (tensors by their shapes, models by their size); ``hint`` is added to a crash's message."""
-    label = label or describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+    label = label or describe(fn, args, kwargs, name)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as err:
@@ -163,7 +225,7 @@ def expect(fn, *args, want, hint: str = "", name: str | None = None, **kwargs) -
 
     Returns None on purpose: nbgrader reads a number left as a test cell's last value as partial credit.
     """
-    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)  # before fn can change them
+    label = describe(fn, args, kwargs, name)  # before fn can change them
     got = call(fn, *args, label=label, hint=hint, **kwargs)
     if got != want:
         fail(f"{label} returned {show(got)}, expected {show(want)}", hint)
@@ -183,7 +245,7 @@ def expect_close(fn, *args, want, atol: float = DEFAULT_ATOL, rtol: float = DEFA
     ``atol + rtol * |want|`` everywhere; on failure say where it differs most, by how much, and the hint."""
     import torch
 
-    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+    label = describe(fn, args, kwargs, name)
     got = call(fn, *args, label=label, hint=hint, **kwargs)
     if not isinstance(got, torch.Tensor):
         fail(f"{label} returned {show(got)}, expected a tensor of shape {tuple(want.shape)}", hint)
@@ -230,7 +292,7 @@ def close(got, want, *, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) 
 
 def expect_raises(exc_type, fn, *args, match: str = "", hint: str = "", name: str | None = None, **kwargs):
     """Check that ``fn(*args, **kwargs)`` raises ``exc_type`` (with ``match`` in its message)."""
-    label = describe_call(name or getattr(fn, "__qualname__", repr(fn)), args, kwargs)
+    label = describe(fn, args, kwargs, name)
     try:
         got = fn(*args, **kwargs)
     except NotImplementedError as err:

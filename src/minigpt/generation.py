@@ -142,11 +142,22 @@ def generate(model: Model, tokenizer, prompt: str | list[int], max_new_tokens: i
 
 def main(argv: list[str] | None = None) -> int:
     """minigpt-generate: stream the course's model's continuation of a prompt to the terminal."""
+    import math
     import os
     from pathlib import Path
 
     import coursekit
     from .transformer import GPT
+
+    def finite(text: str) -> float:  # nan and inf set nothing (a NaN penalty would reach torch.multinomial)
+        if not math.isfinite(value := float(text)):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        return value
+
+    def stop_text(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError("must not be empty (it would stop before the first token)")
+        return text
 
     parser = argparse.ArgumentParser(
         prog="minigpt-generate", description=main.__doc__.split(": ", 1)[1],
@@ -156,34 +167,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("prompt", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=100, metavar="N",
                         help="stop after N new tokens (default 100)")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", type=stop_text,
                         help="stop before this text (repeatable)")
     parser.add_argument("--model", default=None, metavar="FOLDER",
                         help="a GPT-2 folder (config.json, model.safetensors; default: the course's small model)")
     sampling = parser.add_argument_group("sampling (chapter 6; the defaults are llama.cpp's)")
-    sampling.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    sampling.add_argument("--temperature", type=finite, default=0.8, help="0: greedy (default 0.8)")
     sampling.add_argument("--top-k", type=int, default=40, help="0: no top-k cut (default 40)")
-    sampling.add_argument("--top-p", type=float, default=0.95, help="1: no top-p cut (default 0.95)")
-    sampling.add_argument("--min-p", type=float, default=None, help="(default: no min-p cut)")
-    sampling.add_argument("--repetition-penalty", type=float, default=1.0, help="(default 1: none)")
-    sampling.add_argument("--presence-penalty", type=float, default=0.0, help="(default 0: none)")
-    sampling.add_argument("--frequency-penalty", type=float, default=0.0, help="(default 0: none)")
+    sampling.add_argument("--top-p", type=finite, default=0.95, help="1: no top-p cut (default 0.95)")
+    sampling.add_argument("--min-p", type=finite, default=None, help="(default: no min-p cut)")
+    sampling.add_argument("--repetition-penalty", type=finite, default=1.0, help="(default 1: none)")
+    sampling.add_argument("--presence-penalty", type=finite, default=0.0, help="(default 0: none)")
+    sampling.add_argument("--frequency-penalty", type=finite, default=0.0, help="(default 0: none)")
     sampling.add_argument("--no-repeat-ngram-size", type=int, default=0, metavar="N", help="(default 0: none)")
     sampling.add_argument("--seed", type=int, default=None,
                           help="the same seed gives the same text (default: a new one each run, printed at the end)")
     args = parser.parse_args(argv)
+
+    def refuse(err: ValueError):
+        """A setting's error in the words the user typed: the flag (`--top-p`), not the parameter (`top_p`)."""
+        name, _, rest = str(err).partition(" ")
+        if name in vars(args) and name != "prompt":  # argparse's dest of --top-p is top_p
+            parser.error(f"argument --{name.replace('_', '-')}: {rest}")
+        parser.error(str(err))
 
     folder = Path(args.model) if args.model else coursekit.shipped_model_dir()
     missing = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
     if missing:
         parser.error(f"--model {args.model}: not a GPT-2 folder (it has no {' and no '.join(missing)})")
     try:
-        try:
-            model = GPT.from_pretrained(folder)
-        except NotImplementedError:
-            raise
-        except Exception as err:  # noqa: BLE001 (files that are not what they say: one line, not a traceback)
-            parser.error(f"--model {folder}: cannot load it ({type(err).__name__}: {err})")
+        # the settings first: a mistyped one is said before the model loads
         tokenizer = coursekit.gpt2_encoding()
         ids = tokenizer.encode(args.prompt, allowed_special="all")
         choose, seed = greedy, None
@@ -197,11 +210,17 @@ def main(argv: list[str] | None = None) -> int:
                                  presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                                  no_repeat_ngram_size=args.no_repeat_ngram_size, seed=seed, prompt_len=len(ids))
             except ValueError as err:
-                parser.error(str(err))
+                refuse(err)
+        try:
+            model = GPT.from_pretrained(folder)
+        except NotImplementedError:
+            raise
+        except Exception as err:  # noqa: BLE001 (files that are not what they say: one line, not a traceback)
+            parser.error(f"--model {folder}: cannot load it ({type(err).__name__}: {err})")
         try:
             stream = TextStream(model, tokenizer, ids, args.max_new_tokens, stop=args.stop, choose=choose)
         except ValueError as err:
-            parser.error(str(err))
+            refuse(err)
         print(args.prompt, end="", flush=True)
         for piece in stream:
             print(piece, end="", flush=True)
