@@ -46,6 +46,9 @@ HELLO_TIMEOUT = 10.0  # seconds for a connection to say which test cell it serve
 MAX_SESSIONS_PER_CELL = 3  # connections one notebook may open, per graded cell
 MAX_SERVES = 10_000  # calls of the judge's served modules while one request runs (a beam search of the checks: ~100)
 MAX_SERVE_NUMBERS = 1 << 18  # numbers in the input of one such call (the checks' models send a few hundred)
+# The course's tests only: told of each test cell judged (``judging``) and of each request its checks make, with the
+# answer (``requested``), to measure which arguments the checks give (tests/submissions/coverage.py). None in grading.
+RECORDER = None
 
 
 class LearnerError(Exception):
@@ -276,6 +279,31 @@ def serve(module) -> Served:
     return served
 
 
+class Answered:
+    """A function of the judge's that the learner's side calls through a stand-in (``serve_function``): every call
+    is a request this process answers, its argument recorded (``calls``), the count a check scores."""
+
+    def __init__(self, fn, number: int):
+        self.fn, self.id = fn, number
+        self.calls: list = []  # the argument of each call, in order
+
+    def __call__(self, x):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise wire.WireError(f"an argument that is {wire.type_name(x)}, not a number")
+        self.calls.append(x)
+        return self.fn(x)
+
+
+def serve_function(fn) -> Answered:
+    """Serve ``fn`` (a function of one number, e.g. chapter 8's ``evaluate(steps_done)``) to the learner's side of
+    the test cell being judged, as ``serve`` serves a module: a helper there calls it through ``ask_judge`` (given
+    ``.id``), so each call is one this process answers and records, whatever the learner's side says of it."""
+    session = _current().session
+    served = Answered(fn, len(session.services))
+    session.services.append(served)
+    return served
+
+
 class _Pending:
     """What the learner's side asked of the served modules while one request ran."""
 
@@ -287,7 +315,7 @@ class _Pending:
 class Session:
     def __init__(self, cell_names: dict[str, str] | None = None):
         self.cell_names = cell_names or {}
-        self.services: list[Served] = []
+        self.services: list[Served | Answered] = []
         self._pending: _Pending | None = None
 
     def exchange(self, message: dict) -> dict:
@@ -299,6 +327,15 @@ class Session:
         return Remote(self, ref)
 
     def request(self, op: str, target: Remote | None = None, *, args=(), kwargs=None, **fields):
+        value = None
+        try:
+            value = self._request(op, target, args, kwargs, fields)
+            return value
+        finally:
+            if RECORDER is not None:
+                RECORDER.requested(self, op, target, args, kwargs or {}, fields, value)
+
+    def _request(self, op: str, target: Remote | None, args, kwargs, fields: dict):
         message = {"op": op, **fields}
         if target is not None:
             if target._session is not self:
@@ -519,6 +556,23 @@ class Verdict:
             return 0.0
         return sum(p.weight for p in self.parts if p.passed) / sum(p.weight for p in self.parts)
 
+    def score(self, points: float) -> float:
+        """The cell's score out of its ``points``: what every grader records (``minigpt-grade``, plain nbgrader)."""
+        return round(points * self.fraction, 2)
+
+    @property
+    def ename(self) -> str:
+        """The name a failed verdict is shown under, as an error of the cell."""
+        return {"failed": "AssertionError", "unfinished": "Unfinished"}.get(self.status, "GraderError")
+
+    def parts_report(self) -> str:
+        """A line for each part of a cell of several, its weight and whether it passed; "" for a cell of one part."""
+        if len(self.parts) < 2:
+            return ""
+        total = sum(p.weight for p in self.parts)
+        return "".join(f"{'passed' if p.passed else 'FAILED'}: {p.name} ({p.weight:g} of {total:g} of this cell's "
+                       f"points)\n" for p in self.parts)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -576,6 +630,8 @@ def judge(session: Session, grade_id: str, objects: list, verdicts: dict[str, Ve
         return Verdict(grade_id, "grader-error", f"no checks for the test cell {grade_id}")
     ctx = _context
     ctx.session, ctx.verdicts, ctx.declared, ctx.parts = session, verdicts, declared, {}
+    if RECORDER is not None:
+        RECORDER.judging(session, grade_id, objects)
     status, stopped = "passed", ""  # stopped: why the check ended before its end
     try:
         _CELLS[grade_id](*objects)

@@ -8,6 +8,8 @@ own workspace, so the two ways of grading run with the same settings.
 
 Plain `nbgrader autograde` is the trusted setting: the notebook runs with your rights and the hidden tests
 judge in its kernel. `minigpt-grade` is the hardened one: the notebook runs in a sandbox and is judged outside.
+Both give a test cell the same score, and nothing here makes it: in the trusted setting each test cell's result is
+its score (autograder/trusted.py), which nbgrader's own rule reads, from the command line or the formgrader's button.
 """
 from pathlib import Path
 

@@ -46,13 +46,9 @@ def assemble(nb: nbformat.NotebookNode, run: RunOutcome) -> nbformat.NotebookNod
             cell.outputs.append(_error("NotRun", "the hidden tests of this cell did not run" + (
                 f": {run.incident}" if run.incident else " (the notebook stopped them before they reached the grader)")))
         elif verdict is not None and not verdict.passed:
-            if len(verdict.parts) > 1:
-                total = sum(p.weight for p in verdict.parts)
-                cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text="".join(
-                    f"{'passed' if p.passed else 'FAILED'}: {p.name} ({p.weight:g} of {total:g} of this cell's "
-                    f"points)\n" for p in verdict.parts)))
-            ename = {"failed": "AssertionError", "unfinished": "Unfinished"}.get(verdict.status, "GraderError")
-            cell.outputs.append(_error(ename, verdict.message))
+            if verdict.parts_report():
+                cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=verdict.parts_report()))
+            cell.outputs.append(_error(verdict.ename, verdict.message))
     return nb
 
 
@@ -67,7 +63,7 @@ def cell_scores(nb: nbformat.NotebookNode, verdicts: dict) -> dict[str, float]:
     scores = {}
     for grade_id in judged_cells(nb):
         verdict = verdicts.get(grade_id)
-        scores[grade_id] = round(points[grade_id] * verdict.fraction, 2) if verdict is not None else 0.0
+        scores[grade_id] = verdict.score(points[grade_id]) if verdict is not None else 0.0
     return scores
 
 

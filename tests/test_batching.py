@@ -397,22 +397,39 @@ def test_the_last_position_of_the_window_is_allowed(small, enc):
     assert [g.ids for g in got] == [generate(small, enc, p, 4, eos_ids=[]).ids for p in ([1] * 5, [2])]
 
 
-def test_the_random_gpt_whose_head_the_judge_serves_has_no_near_tie_and_its_own_head():
-    """test_generate_batch's one-pass part: the random GPT whose head the judge serves, with that head untied from
-    the embedding (the learner's side holds the embedding, so a tied head could be computed there). Its greedy
-    steps on the part's prompts, each alone, are no near ties, so the batch and each row alone agree on every
-    kernel path."""
+def test_the_random_gpt_of_the_generation_checks_fits_its_tokenizer_and_its_cases_say_what_they_claim(enc):
+    """test_generate_batch's random GPT and its cases: GPT-2's vocabulary, as the tokenizer it comes with (a learner
+    may pad with any of its ids); no near tie at any greedy step (penalties applied), so that the batch and each row
+    alone agree on every kernel path; rows of the end case that all finish apart, before the tokens allowed run out
+    (a pass after that is then seen); a sampling case in which a sampler given only the new ids draws other tokens;
+    and room in every case's window for a pass after the last token."""
     from autograder.checks import batching as checks
 
-    model = checks._model(checks.OWN_HEAD)
-    assert model.lm_head.weight is not model.emb.wte.weight
-    assert not torch.allclose(model.lm_head.weight, model.emb.wte.weight)
+    model = checks._model(checks.GEN)
+    assert model.config.vocab_size == enc.n_vocab
+    cases = [(checks.END_ROWS, checks.END_NEW, [{}] * len(checks.END_ROWS), checks.END_IDS),
+             (checks.ONE_PASS_ROWS, checks.ONE_PASS_NEW, [{}] * len(checks.ONE_PASS_ROWS), []),
+             (checks.SAMPLE_ROWS, checks.SAMPLE_NEW, checks.SAMPLE_SETTINGS, [])]
     margin = float("inf")
-    for row in checks.ONE_PASS_ROWS:
-        ids = list(row)
-        for _ in range(checks.ONE_PASS_NEW):
-            with torch.no_grad():
-                top2 = model(torch.tensor([ids]))[0, -1].topk(2)
-            margin = min(margin, (top2.values[0] - top2.values[1]).item())
-            ids.append(int(top2.indices[0]))
-    assert margin >= 10 * MARGIN, f"a near tie at a greedy step ({margin:.1e}): pick another head_seed"
+    for rows, n, settings, eos in cases:
+        assert max(len(r) for r in rows) + n <= model.config.block_size
+        for row, setting in zip(rows, settings):
+            if setting.get("do_sample"):
+                continue
+            sampler, ids = Sampler(**setting, prompt_len=len(row)), list(row)
+            for _ in range(n):
+                with torch.no_grad():
+                    logits = sampler.process(model(torch.tensor([ids]))[0, -1:], torch.tensor([ids]))[0]
+                top2 = logits.topk(2)
+                margin = min(margin, (top2.values[0] - top2.values[1]).item())
+                ids.append(int(top2.indices[0]))
+                if ids[-1] in eos:
+                    break
+    assert margin >= 10 * MARGIN, f"a near tie at a greedy step ({margin:.1e}): pick another seed"
+    ends = checks._expected("ends")
+    assert {reason for _, _, reason in ends} == {"eos", "stop"}, ends
+    assert len({len(ids) for ids, _, _ in ends}) == len(ends) and max(len(ids) for ids, _, _ in ends) < checks.END_NEW
+    alone = [ids for ids, _, _ in checks._expected("sampling")]
+    without_prompts = [ids for ids, _, _ in checks._sampled_without_prompts()]
+    assert [a[0] != w[0] for a, w in zip(alone, without_prompts)] == [not s.get("do_sample")
+                                                                     for s in checks.SAMPLE_SETTINGS]

@@ -10,4 +10,12 @@ TEST_CELLS = ["test_get_batch", "test_cross_entropy", "test_estimate_loss", "tes
               "test_train"]
 SOLUTION_IDS = ["get_batch", "cross_entropy", "estimate_loss", "lr_at", "train_step", "train"]
 
-globals().update(chapter_tests(ch, TEST_CELLS, SOLUTION_IDS))
+# Parameters no hidden case can give another value or leave out (tests/submissions/coverage.py), and why.
+CHECK_TRAIN = ("check_train gives it in every case; a case that leaves it out belongs there (check_train is being "
+               "changed for issue 46: add it then)")
+NOT_COVERED = {
+    "train(progress)": "it only says whether train prints its progress, which no score reads",
+    "train(generator)": CHECK_TRAIN, "train(eval_every)": CHECK_TRAIN, "train(start_step)": CHECK_TRAIN,
+}
+
+globals().update(chapter_tests(ch, TEST_CELLS, SOLUTION_IDS, NOT_COVERED))

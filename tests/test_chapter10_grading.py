@@ -10,4 +10,11 @@ TEST_CELLS = ["test_left_pad", "test_position_ids", "test_padded_causal_mask", "
               "test_generate_batch"]
 SOLUTION_IDS = ["left_pad", "position_ids", "padded_causal_mask", "forward_padded", "generate_batch"]
 
-globals().update(chapter_tests(ch, TEST_CELLS, SOLUTION_IDS))
+# Parameters no hidden case can give another value or leave out (tests/submissions/coverage.py), and why.
+CHANGING = "chapter 10's cases are being changed for issue 46: add a case then"
+NOT_COVERED = {
+    "generate_batch(max_new_tokens)": CHANGING,  # never left out
+    "generate_batch(stop)": CHANGING,  # never a single string
+}
+
+globals().update(chapter_tests(ch, TEST_CELLS, SOLUTION_IDS, NOT_COVERED))

@@ -678,31 +678,57 @@ def test_student_ids_and_links_are_checked_at_intake(tmp_path, capsys):
     assert "not a regular file" in intake.read_submission(tmp_path)
 
 
+# A learner's debugging line: on stderr while the hidden tests of test_pre_split run ("" is their first text), before
+# the cell's score, where nbgrader would read any stderr as a failed cell.
+NOISY_PRE_SPLIT = """\
+import sys
+_their_pre_split = pre_split
+def pre_split(text):
+    if not text:
+        print("pre_split: empty text", file=sys.stderr)
+    return _their_pre_split(text)
+"""
+
+
 @pytest.mark.slow
 def test_plain_nbgrader_grades_in_the_trusted_setting(tmp_path):
     """Stock `nbgrader autograde` with the course's configuration (run from the repository root, rooted in a copy
-    so that the checkout stays clean): the hidden tests find no judge to connect to and judge in the kernel, with
-    the same verdicts as minigpt-grade's sandboxed ones."""
+    so that the checkout stays clean): the hidden tests find no judge to connect to and judge in the kernel. Each test
+    cell gets the score minigpt-grade gives it (its judge and ``cell_scores``, run here in the warm kernel on the same
+    notebook): full marks, also after a learner's line on stderr, and partial credit where the mistake fails some
+    parts of a cell, also where the cell's visible tests fail after the score; the autograded notebook says what
+    failed."""
     import subprocess
 
     from nbgrader.api import Gradebook
-    from submissions import hostile
+    from submissions import graded_notebook, hostile
+    from submissions.grading import warm_kernel
 
+    nb = nbformat.reads(hostile.mutant_text(hostile.WRONG), as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "test_pre_split")
+    nb.cells.insert(at, nbformat.v4.new_code_cell(NOISY_PRE_SPLIT))
     root = tmp_path / "course"
     shutil.copytree(ROOT / "solutions" / "01-tokens", root / "solutions" / "01-tokens")
-    for student, text in (("right", hostile.reference_text()), ("wrong", hostile.mutant_text(hostile.WRONG))):
-        (root / "submitted" / student / "01-tokens").mkdir(parents=True)
-        (root / "submitted" / student / "01-tokens" / "01-tokens.ipynb").write_text(text)
-    for step in (["generate_assignment", "01-tokens"], ["autograde", "01-tokens"]):
-        proc = subprocess.run([sys.executable, "-m", "nbgrader", *step, f"--CourseDirectory.root={root}"], cwd=ROOT,
-                              env=workspace.nbgrader_env(), capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    (root / "submitted" / "wrong" / "01-tokens").mkdir(parents=True)
+    nbformat.write(nb, root / "submitted" / "wrong" / "01-tokens" / "01-tokens.ipynb")
+    # nbgrader's two commands as its command line runs them, in one process (its start-up paid once)
+    steps = [[step, "01-tokens", f"--CourseDirectory.root={root}"] for step in ("generate_assignment", "autograde")]
+    proc = subprocess.run([sys.executable, "-m", "autograder.nbgrader_steps", "plain", json.dumps(steps)], cwd=ROOT,
+                          env=workspace.nbgrader_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        scores = {s.student.id: s.score for s in gb.find_assignment("01-tokens").submissions}
-    assert scores == {"right": 13, "wrong": 4}
-    wrong = nbformat.read(root / "autograded" / "wrong" / "01-tokens" / "01-tokens.ipynb", as_version=4)
-    messages = [o.get("evalue", "") for c in wrong.cells for o in c.get("outputs", []) if o.output_type == "error"]
-    assert any("returned [b'ab', b'c'], expected [b'a', b'bc']" in m for m in messages), messages
+        grades = gb.find_submission_notebook("01-tokens", "01-tokens", "wrong").grades
+        assert not any(g.needs_manual_grade for g in grades)
+        plain = {g.name: g.score for g in grades}
+    with warm_kernel("01-tokens") as kernel:
+        graded = graded_notebook(nb, "01-tokens")
+        judged = scoring.cell_scores(graded, kernel.run(graded).verdicts)
+    assert plain == judged
+    assert plain["test_pre_split"] == 2  # its stderr line came before the cell's score
+    assert plain["test_bpe_merge"] == 0.43  # 3 points times 1 of 7: one part passed, and its visible tests fail
+    autograded = nbformat.read(root / "autograded" / "wrong" / "01-tokens" / "01-tokens.ipynb", as_version=4)
+    said = [o.get("text", "") for c in autograded.cells for o in c.get("outputs", []) if o.get("name") == "stderr"]
+    assert any("returned [b'ab', b'c'], expected [b'a', b'bc']" in text for text in said), said
 
 
 @pytest.mark.slow

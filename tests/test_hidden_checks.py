@@ -101,3 +101,29 @@ def test_a_message_names_an_object_by_its_type_not_its_address():
     label = describe_call("get_batch", (torch.tensor([1, 2]), torch.Generator().manual_seed(0)), {"f": object()})
     assert label == "get_batch(tensor([1, 2], dtype=int64), <a Generator>, f=<a object>)", label
     assert "0x" not in describe_call("f", ([torch.Generator()],))
+
+
+def test_a_visible_test_names_the_expression_it_checks_not_a_lambda():
+    """A test cell's ``expect(lambda: ...)`` is named by what the cell wrote, the lambda's parameters by the values
+    passed (the cell's source is in linecache, as IPython keeps it), where it said ``<lambda>()``."""
+    import linecache
+
+    from coursekit.testing import expect
+
+    cell = ("def left_pad(rows, pad_id):\n    return [[pad_id] + row for row in rows], None\n"
+            "expect(lambda: left_pad([[4], [5, 6]],\n"
+            "                        50256)[0], want=[[50256, 4], [5, 6]], hint='pad to the longest row')\n")
+    with_args = "expect(lambda *a: sorted(set(*a)), [3, 1, 3], want=[1, 3, 3])\n"
+    for source, message in [(cell, "left_pad([[4], [5, 6]], 50256)[0] returned [[50256, 4], [50256, 5, 6]], "
+                                    "expected [[50256, 4], [5, 6]]\nHint: pad to the longest row"),
+                            (with_args, "sorted(set([3, 1, 3])) returned [1, 3], expected [1, 3, 3]")]:
+        name = f"<ipython-input-{len(source)}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+        try:
+            with pytest.raises(AssertionError) as failed:
+                exec(compile(source, name, "exec"), {"expect": expect})
+        finally:
+            del linecache.cache[name]
+        assert str(failed.value) == message
+    with pytest.raises(AssertionError, match=r"^<lambda>\(\) returned 1, expected 2$"):  # no source: as before
+        exec(compile("expect(lambda: 1, want=2)", "<string>", "exec"), {"expect": expect})

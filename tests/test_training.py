@@ -43,6 +43,14 @@ def test_cross_entropy_is_torchs_value_and_gradient(scale, dtype):
     assert perplexity(ours) == (pytest.approx(math.exp(ours.item())) if ours.item() < 700 else math.inf)
 
 
+def test_perplexity_is_inf_only_past_what_a_float_holds():
+    """The docstring's edge: e ** loss is a float up to log(sys.float_info.max) = 709.7827, inf past it."""
+    for loss in (700.0, 709.78, torch.tensor(709.78, dtype=torch.float64)):
+        assert perplexity(loss) == pytest.approx(math.exp(float(loss)), rel=1e-12) and perplexity(loss) < math.inf
+    for loss in (709.79, 1000.0, torch.tensor(1000.0), math.inf):
+        assert perplexity(loss) == math.inf
+
+
 def test_cross_entropy_refuses_shapes_that_do_not_fit():
     with pytest.raises(ValueError, match=r"\(2, 3, 7\) and \(3, 2\)"):
         cross_entropy(torch.zeros(2, 3, 7), torch.zeros(3, 2, dtype=torch.long))

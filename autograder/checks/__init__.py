@@ -41,8 +41,8 @@ def once(fn):
 def gap(got, want) -> str:
     """How a tensor ``got`` differs from ``want`` of the same shape, to follow "differs from ..." in the message of a
     failed ``coursekit.testing.close``: "by up to 3.1e-04 (at index (0, 5): 0.1234, expected 0.1237)". A NaN or an
-    infinity where ``want`` holds none is named first, " at index (0, 5): got nan, expected 0.1237": a largest
-    difference taken with ``.max()`` would read "nan" and say nothing of where."""
+    infinity where ``want`` holds none is named first, "at index (0, 5): got nan, expected 0.1237" ("here: ..." for
+    a single number): a largest difference taken with ``.max()`` would read "nan" and say nothing of where."""
     import torch
 
     g, w = got.detach().double(), want.detach().double()
@@ -52,6 +52,6 @@ def gap(got, want) -> str:
     flat = int(worst.flatten().argmax()) if worst.numel() else 0
     at = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else ()
     if not torch.isfinite(diff[at]):
-        return f"{f' at index {at}' if at else ''}: got {g[at].item():.6g}, expected {w[at].item():.6g}"
+        return f"{f'at index {at}' if at else 'here'}: got {g[at].item():.6g}, expected {w[at].item():.6g}"
     return f"by up to {diff[at].item():.2e} ({f'at index {at}: ' if at else ''}{g[at].item():.6g}, expected " \
         f"{w[at].item():.6g})"

@@ -210,16 +210,22 @@ def check_causal_mask(causal_mask):
         expect_raises(ValueError, causal_mask, 5, 2, name="causal_mask",
                       hint="5 queries cannot be the last positions of only 2 keys: raise ValueError")
         expect_raises(ValueError, causal_mask, 3, 0, name="causal_mask", hint=T_K_ZERO)
-    # The device is only checked to be accepted, and to change nothing else: a CPU grader has no other device to
-    # put the mask on (the "meta" device would do, but tracing tril there costs seconds in every grading kernel).
+    # A CPU grader has no other device to put the mask on (the "meta" device would do, but tracing tril there costs
+    # seconds in every grading kernel): the learner's side reports the devices torch was given during the call
+    # (``helpers.attention.devices``). "cpu:0", which no one writes by hand, shows the device given was passed on.
     # A wrong mask costs its points above, not here again.
     with part("a device given"):
         own = call(causal_mask, 3, 5, name="causal_mask")
-        for device in ("cpu", torch.device("cpu")):
-            got = call(causal_mask, 3, 5, device=device, name="causal_mask")
+        for device in ("cpu", torch.device("cpu", 0)):
+            label = f"causal_mask(3, 5, device={device!r})"
+            got, seen = call(ask, "attention.devices", causal_mask, 3, 5, device=device, label=label)
             if not (isinstance(got, torch.Tensor) and isinstance(own, torch.Tensor) and torch.equal(got, own)):
-                fail(f"causal_mask(3, 5, device={device!r}) returned {_shape(got)}, not the mask that "
-                     "causal_mask(3, 5) returns")
+                fail(f"{label} returned {_shape(got)}, not the mask that causal_mask(3, 5) returns")
+            seen = [d for d in seen if isinstance(d, str)] if isinstance(seen, list) else []
+            if str(device) not in seen:
+                fail(f"{label} never gave torch the device {str(device)!r}"
+                     + (f" (only {', '.join(map(repr, seen))})" if seen else "") + ": it was dropped",
+                     "make the mask on the device given: torch.ones(..., device=device) (or .to(device) at the end)")
 
 
 def _check_mask(causal_mask, t_q: int, t_k_arg: int | None) -> None:
@@ -498,7 +504,7 @@ def _oracle_attention(q, k, v, mask):
 
 def _attention_label(q, k, v, mask, what) -> str:
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    return f"attention({shapes}, mask={'None' if mask is None else tuple(mask.shape)}) [{what}]"
+    return f"attention({shapes}{'' if mask is None else f', mask={tuple(mask.shape)}'}) [{what}]"
 
 
 @cell("test_attention", parts=ATTENTION_PARTS)
@@ -531,7 +537,8 @@ def check_attention(attention):
 def _check_attention(attention, q, k, v, mask, what: str, hint: str, because: str, changed_by: list[str]) -> None:
     label = _attention_label(q, k, v, mask, what)
     want_out, want_w = _oracle_attention(q, k, v, mask)
-    got, changed = _run(attention, (q, k, v, mask), {}, label, hint=_also(hint, because))
+    got, changed = _run(attention, (q, k, v) if mask is None else (q, k, v, mask), {}, label,  # None: its default
+                        hint=_also(hint, because))
     changed_by.append(label if any(changed[:3]) else "")
     if not (isinstance(got, tuple) and len(got) == 2):
         fail(f"{label} returned {_shape(got)}; return a pair (output, weights)")

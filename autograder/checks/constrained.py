@@ -226,6 +226,8 @@ CHOICES = [
     (("猫犬".encode(), b"a"), b"", SMALL_EOS),
     (("猫犬".encode(), b"a"), b"\xe7\x8c", SMALL_EOS),
     (("猫犬".encode(), b"a"), "猫".encode(), set()),
+    # an empty choice: before anything is written, it is whole already
+    ((b"", b"yes", b"no"), b"", SMALL_EOS),
 ]
 # One case over GPT-2's whole vocabulary, the real thing: each costs the learner's mask a pass over 50,257 tokens (0.2 s
 # or more), and the small cases above already catch every known mistake (three of the four change this mask too).
@@ -259,6 +261,9 @@ def _choice_mistakes(written, choices, vocab, eos):
         ("end-of-text is allowed only when written is a whole choice, not whenever it starts one",
          lambda: _choice_oracle(written, choices, vocab, ())
          | (set(eos) if any(c.startswith(written) for c in choices) else set())),
+        ("an empty choice b\"\" is whole before anything is written: end-of-text is allowed whenever written is "
+         "one of the choices (test `written in choices`, not whether written is empty)",
+         lambda: _choice_oracle(written, choices, vocab, ()) if not written and written in choices else None),
         ("you allowed tokens that go past the end of a choice: a choice must START with written + token",
          lambda: {i for i, p in enumerate(vocab) if p and any(c.startswith(written + p) or (written + p).startswith(c)
                                                               for c in choices)}
@@ -390,6 +395,11 @@ FAST = [
     ("[a-c]{2}d", b"c"),
     ("a|bc", b"a"),
 ]
+# A tokenizer without an end-of-text token: Constraint gives eos_ids=set(), and no id is allowed for the end, in an
+# accepting state (after "ab") or not
+FAST_NO_EOS = [("ab+c?", b"ab"), ("a|bc", b"")]
+NO_EOS_HINT = ("eos_ids may be empty (a tokenizer without an end-of-text token): allow each id it holds, none when it "
+               "holds none (torch.tensor([]) is a float tensor, which cannot index)")
 GPT2_FAST = [
     (r'\{"speaker": ("ROMEO"|"JULIET"), "line": "[^"\\\x00-\x1f]{0,8}"\}', b'{"speaker": "JU'),
     (r'\{"speaker": ("ROMEO"|"JULIET"), "line": "[^"\\\x00-\x1f]{0,8}"\}', b'{"speaker": "ROMEO", "line": "O'),
@@ -453,7 +463,8 @@ def check_fast_mask(build_trie, dfa_mask, compile_regex):
     answers = []
     with part(WALKED):
         small = call(build_trie, list(TRIE_VOCAB), label=_label("build_trie", show(list(TRIE_VOCAB))))
-        cases = [(p, w, TRIE_VOCAB, TRIE_EOS) for p, w in FAST] + [(p, w, None, {END}) for p, w in GPT2_FAST]
+        cases = [(p, w, TRIE_VOCAB, TRIE_EOS) for p, w in FAST] + [(p, w, TRIE_VOCAB, set()) for p, w in FAST_NO_EOS] \
+            + [(p, w, None, {END}) for p, w in GPT2_FAST]
         big = None  # the learner's trie of GPT-2's vocabulary, built when its first case comes (after the small ones)
         dfas: dict[str, Remote] = {}
         for pattern, written, vocab, eos in cases:
@@ -470,7 +481,7 @@ def check_fast_mask(build_trie, dfa_mask, compile_regex):
                          label=f"dfa.walk(dfa.start, {written!r}) (the given DFA)")
             label = _label("dfa_mask", f"<the DFA of {pattern!r}>", f"<the state after {written!r}>",
                            f"<your trie of {_vocab_label(vocab)}>", str(len(vocab)), show(set(eos)))
-            got = call(dfa_mask, dfa, state, trie, len(vocab), set(eos), label=label)
+            got = call(dfa_mask, dfa, state, trie, len(vocab), set(eos), label=label, hint="" if eos else NO_EOS_HINT)
             ids, want = _ids(got, len(vocab), label), set(_answer(brute_force, pattern, written, tuple(vocab),
                                                                      frozenset(eos)))
             explain = functools.partial(_fast_hints, pattern, written, ids, want, vocab, eos)
@@ -488,6 +499,7 @@ SCHEMAS = [
                                       "said": {"type": "string", "maxLength": 4},
                                       "who?": {"enum": ["a.b", "(c)", 'say "no"', "back\\slash"]}}},
     {"type": "object", "properties": {"n": {"type": "integer"}}},
+    {"type": "object", "properties": {"said": {"type": "string", "maxLength": 0}, "act": {"type": "integer"}}},
 ]
 VALUES = {
     "string": ["", "O Romeo, Romeo!", "猫 and é", "a" * 40, "'tis"],
@@ -537,7 +549,9 @@ def _bad(schema) -> list[tuple[str, str]]:
                      "no control character inside a string (json.loads refuses them)")]
             if "maxLength" in field:
                 out.append((json.dumps({**good, name: "a" * (field["maxLength"] + 1)}),
-                            "maxLength: at most that many characters"))
+                            "maxLength: at most that many characters" + (
+                                "; maxLength 0 allows only \"\": test `is None`, not truthiness (0 is falsy)"
+                                if field["maxLength"] == 0 else "")))
         elif field["type"] == "integer":
             text = json.dumps({**good, name: 7})
             out += [(text.replace("7", "07"), "JSON has no leading zeros"),
@@ -661,11 +675,14 @@ GENERATIONS = [
     (_script(6, 8, 1), 8, {}, None, False, MASKED),
     (_script(7, 12, 5, eos_at=(11,)), 6, {}, None, True, STOPPED),
     (_script(8, 3, 4), 0, {}, None, True, STOPPED),
+    # end-of-text (the only token allowed) as the last of max_new_tokens: the reason is "eos", not "length"
+    (_script(11, 4, 6) + [list(GEN_EOS)], 5, {}, None, True, STOPPED),
     # the prompt's ids allowed at every step: penalties that see the whole history (prompt included) choose otherwise
     (_script(10, 10, 4, also=PROMPT), 10, {"repetition_penalty": 3.0, "no_repeat_ngram_size": 2}, None, True,
      SAMPLED),
 ]
-DEAD_ENDS = [(_script(9, 3, 4), 6), ([], 3)]
+DEAD_ENDS = [(_script(9, 3, 4), 6), ([], None)]  # (script, max_new_tokens; None: left out, its default)
+TEXT_PROMPT = 0  # the case of GENERATIONS whose prompt is given as text (PROMPT's bytes), with a tokenizer of bytes
 
 
 @once
@@ -702,10 +719,13 @@ def _hf_generation(case: int) -> list[int]:
     return new if end is None else new[:end + 1]
 
 
-def _generation_label(n, sampling, use_cache) -> str:
+def _generation_label(n, sampling, use_cache, prompt=PROMPT) -> str:
+    """The call as a label; ``n`` None: max_new_tokens left out, and use_cache too (as ``_check_dead_end`` calls)."""
     settings = "".join(f", {k}={v!r}" for k, v in sampling.items())
-    return (f"constrained_generate(<a random GPT-2 of 64 tokens>, None, {PROMPT}, <a constraint that allows given "
-            f"tokens at each step>, {n}, use_cache={use_cache}{settings})")
+    tokenizer = "<a tokenizer of single bytes>" if isinstance(prompt, str) else "None"
+    return (f"constrained_generate(<a random GPT-2 of 64 tokens>, {tokenizer}, {show(prompt)}, <a constraint that "
+            f"allows given tokens at each step>" + ("" if n is None else f", {n}, use_cache={use_cache}")
+            + f"{settings})")
 
 
 @cell("test_generate", parts={MASKED: 3, SAMPLED: 2, STOPPED: 2, DEAD: 1, CACHED: 1})
@@ -728,11 +748,15 @@ def check_generate(constrained_generate):
 def _check_generation(constrained_generate, model: Remote, case: int, read: dict) -> None:
     script, n, sampling, seed, use_cache, _ = GENERATIONS[case]
     constraint = make("constrained.Scripted", script, GEN_EOS, GEN_VOCAB)
-    label = _generation_label(n, sampling, use_cache)
+    tokenizer, prompt = None, list(PROMPT)
+    if case == TEXT_PROMPT:  # the prompt as text: the given first line encodes it, and the loop must use those ids
+        tokenizer = make("constrained.byte_tokenizer", GEN_VOCAB)
+        prompt = b"".join(GEN_VOCAB[i] for i in PROMPT).decode()
+    label = _generation_label(n, sampling, use_cache, prompt)
     ask("constrained.fed", model)  # what earlier runs read
     try:
         with learner_side(seed=seed or 0, no_grad=True):
-            out = constrained_generate(model, None, list(PROMPT), constraint, n, use_cache=use_cache, **sampling)
+            out = constrained_generate(model, tokenizer, prompt, constraint, n, use_cache=use_cache, **sampling)
     except NotImplementedError as err:
         raise not_written(label, err) from None
     except Exception as err:  # noqa: BLE001
@@ -750,6 +774,8 @@ def _check_generation(constrained_generate, model: Remote, case: int, read: dict
     want_reason = "eos" if want and want[-1] in GEN_EOS else "length"
     if reason != want_reason:
         fail(f"{label} ended with finish_reason={reason!r}; expected {want_reason!r}",
+             "the last of the max_new_tokens tokens is end-of-text: the reason is 'eos' (decide it from the token, "
+             "not from how many came)" if want_reason == "eos" and len(want) == n else
              "an end-of-text id ends the loop with reason 'eos'; running out of steps leaves 'length'")
     want_text = b"".join(GEN_VOCAB[i] for i in want if i not in GEN_EOS).decode()
     if text != want_text:
@@ -786,7 +812,7 @@ def _check_dead_end(constrained_generate, model: Remote, script, n: int) -> None
                                                                                  "only")
     try:
         with learner_side(no_grad=True):
-            got = constrained_generate(model, None, list(PROMPT), constraint, n)
+            got = constrained_generate(model, None, list(PROMPT), constraint, *(() if n is None else (n,)))
     except NotImplementedError as err:
         raise not_written(label, err) from None
     except ValueError as err:

@@ -43,7 +43,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # here: transformers' lazy
 import coursekit
 from autograder.checks import Shape, gap, once
 from autograder.sandboxed.helpers import generation as recipes
-from autograder.judge import Remote, ask, because_of, cell, collect, make, part, seeded, type_of
+from autograder.judge import Remote, ask, because_of, cell, collect, make, part, seeded, serve, type_of
 from coursekit.testing import call, close, fail, quiet_transformers, show
 
 CHAPTER = "chapter 5 (the generation loop)"
@@ -367,7 +367,7 @@ def check_token_stream(token_stream):
                 if _loop_part(case) == name:
                     _check_loop(token_stream, case, models, prompts)
     with part(LAZY):
-        _check_lazy(token_stream, models.get("a") or _model("a"))
+        _check_lazy(token_stream)
     if not prompts:  # no stream could be read: whether it changed the prompt tells nothing
         return
     with part(PROMPT):
@@ -449,16 +449,22 @@ def _check_choose_calls(label, seen, prompt, want, hf):
                  _join(because_of(**USES_LAST_LOGITS), "pass last_logits(model, ids) to choose"))
 
 
-def _check_lazy(token_stream, model: Remote):
-    counting = make("common.Counting", model)  # counts its forward passes in .calls
+def _check_lazy(token_stream):
+    # The GPT's block 0 c_attn is the judge's (its weights only here): every forward pass the learner's side runs
+    # is a request this process answers and counts, not a number the learner's side reports.
+    qkv = serve(_models("a")[1].h[0].attn.c_attn)
+    served = make("generation.served_gpt", qkv.id, "h.0.attn.c_attn", **_recipe("a"))
     n = 10
     label = f"token_stream(<GPT>, <3 ids>, {n})"
     hint = because_of(**USES_LAST_LOGITS)
-    stream = call(token_stream, counting, _ids(3, SHAPES["a"].vocab_size, seed=1), n, label=label, hint=hint)
+    stream = call(token_stream, served, _ids(3, SHAPES["a"].vocab_size, seed=1), n, label=label, hint=hint)
     _drain(stream, 1, f"next({label})", hint)
-    calls = counting.calls
-    if not calls < n:  # (a count that is no number fails too)
-        fail(f"token_stream(<GPT>, <3 ids>, {n}) ran {calls} forward passes before giving its first token",
+    calls = len(qkv.take())
+    if calls == 0:
+        fail(f"{label} gave its first token without running the model", "each token comes from the model's "
+             "scores of the ids so far: choose(last_logits(model, ids), ids)")
+    if calls >= n:
+        fail(f"{label} ran {calls} forward passes before giving its first token",
              "yield each token as soon as it is chosen (a generator), so the caller can show it at once")
 
 
@@ -556,9 +562,15 @@ HELD_BACK_CASES = [
     ("x\n\n", ["\n\n"]),
     ("THE END", ["THE END"]),
     ("a", ["ab"]),
+    # several stop strings whose starts end the text, the shorter first: the longest is held back
+    ("xab", ["b!", "abc"]),
 ]
 
 HELD_BACK_MISTAKES = [
+    (lambda text, stops: next((n for s in stops for n in range(min(len(s) - 1, len(text)), 0, -1)
+                               if text.endswith(s[:n])), 0),
+     "you stopped at the first stop string whose start ends the text; a later one may start with a longer end of it: "
+     "look at every stop string and keep the LONGEST"),
     (lambda text, stops: oracle_held_back(text, stops[:1]),
      "you looked at the first stop string only; any of them may be starting"),
     (lambda text, stops: min((n for n in range(1, len(text) + 1) for s in stops
@@ -613,6 +625,7 @@ class StreamCase:
     pieces: tuple  # each str is encoded on its own (so tokens break between pieces); an int is an id
     stop: tuple[str, ...] | str = ()
     max_new: int | None = None  # None: the whole script
+    given_max_new: bool = True  # False: max_new_tokens left out (TextStream's default, DEFAULT_MAX_NEW)
     prompt: str = "ROMEO:"
     eos_ids: tuple[int, ...] | None = None
     choose: tuple[str, ...] = ()  # pieces that a chooser writes, whatever the model says
@@ -662,7 +675,10 @@ STREAM_CASES = [
     StreamCase("two stop strings complete in the same token: the earliest in the text wins",
                (" The", " end", ".", "\n\n", " More"), stop=("\n\n", ".\n"), part=STOPS),
     StreamCase("an end-of-text token as the last allowed token", (" Good", " night", 50256), part=ENDS),
+    StreamCase("max_new_tokens left out: its default cuts a script of 70 tokens", (" la",) * 70,
+               given_max_new=False, part=ENDS),
 ]
+DEFAULT_MAX_NEW = 64  # TextStream's max_new_tokens when none is given
 # What TextStream runs of the learner's earlier cells.
 USES_STREAM = {"token_stream": "test_token_stream", "last_logits": "test_last_logits",
                "find_stop/held_back": "test_stop_strings"}
@@ -714,7 +730,7 @@ def _check_text_case(TextStream, theirs: Remote, case: StreamCase) -> None:
     chooser_script = [i for p in case.choose for i in enc.encode(p)]
     model = make("generation.Scripted", len(prompt_ids), script)  # writes the script, whatever the context
     stops = [case.stop] if isinstance(case.stop, str) else list(case.stop)
-    max_new = len(script) if case.max_new is None else case.max_new
+    max_new = DEFAULT_MAX_NEW if not case.given_max_new else len(script) if case.max_new is None else case.max_new
     eos = eos_default if case.eos_ids is None else set(case.eos_ids)
     want = expected_stream(chooser_script or script, stops, eos, max_new)
     kwargs = {"stop": case.stop}
@@ -722,11 +738,13 @@ def _check_text_case(TextStream, theirs: Remote, case: StreamCase) -> None:
         kwargs["eos_ids"] = case.eos_ids
     if chooser_script:
         kwargs["choose"] = make("generation.Writer", len(prompt_ids), chooser_script)
-    label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(case.prompt)}, {max_new}, stop={show(case.stop)}" + \
+    label = f"TextStream(<model>, <GPT-2 tokenizer>, {show(case.prompt)}" + \
+        (f", {max_new}" if case.given_max_new else "") + f", stop={show(case.stop)}" + \
         (f", eos_ids={case.eos_ids}" if case.eos_ids is not None else "") + \
         (", choose=<writes its own tokens>" if chooser_script else "") + f") ({case.what})"
     cause = because_of(**USES_STREAM)  # the learner's functions of earlier cells that this runs, if they fail
-    stream = call(TextStream, model, theirs, case.prompt, max_new, **kwargs, label=label, hint=cause)
+    stream = call(TextStream, model, theirs, case.prompt, *((max_new,) if case.given_max_new else ()), **kwargs,
+                  label=label, hint=cause)
     most = 2 * (max_new + len(want.text)) + 10  # pieces: more than that, and the stream never ends
     pieces = _drain(stream, most, label, cause)[0]
     _check_stream(label, case, stream, pieces, want, chooser_script or script, stops, max_new, cause)
@@ -831,15 +849,22 @@ def _ids_hint(got_ids, want: Expected, script) -> str:
 
 def _check_streams_early(TextStream, theirs: Remote):
     """Text must come out while it is written, not all at the end. ``theirs``: the encoding, on the learner's side."""
-    enc = _encoding()
-    script = enc.encode(" Now is the winter of our discontent made glorious summer by this sun of York")
-    model = make("generation.Scripted", len(enc.encode("GLOUCESTER:")), script)
-    label = f"TextStream(<model>, <GPT-2 tokenizer>, 'GLOUCESTER:', {len(script)})"
+    # The random GPT's block 0 c_attn is the judge's (its weights only here): every token written is a forward pass
+    # this process answers and counts. Its 97 ids are GPT-2's printable ASCII and a few more: its first token, "%",
+    # is safe to show at once.
+    qkv = serve(_models("a")[1].h[0].attn.c_attn)
+    model = make("generation.served_gpt", qkv.id, "h.0.attn.c_attn", **_recipe("a"))
+    n = 12
+    label = f"TextStream(<GPT>, <GPT-2 tokenizer>, 'A', {n})"
     cause = because_of(**USES_STREAM)
-    stream = call(TextStream, model, theirs, "GLOUCESTER:", len(script), label=label, hint=cause)
+    stream = call(TextStream, model, theirs, "A", n, label=label, hint=cause)
     first = _drain(stream, 1, f"next(iter({label}))", cause)[0]
-    if not model.calls < len(script):  # (a count that is no number fails too)
-        fail(f"TextStream yielded its first piece {show(first[0] if first else None)} only after all {len(script)} "
+    passes = len(qkv.take())
+    if passes == 0:
+        fail(f"TextStream gave its first piece {show(first[0] if first else None)} without running the model",
+             "the text comes from the model's tokens: token_stream(model, ids, ...)")
+    if passes >= n:
+        fail(f"TextStream yielded its first piece {show(first[0] if first else None)} only after all {n} "
              "tokens were written",
              "yield text as soon as it is safe to show (no incomplete character, nothing that may start a stop "
              "string), like a chat window")

@@ -999,8 +999,9 @@ def check_cached_model(CachedModel):
 
 # ---------------------------------------------------------------- kv_cache_bytes
 
+DEFAULT_BYTES = 4  # kv_cache_bytes's bytes_per_number when none is given (None in a case: left out)
 BYTES_CASES = [  # (config, tokens, bytes_per_number, the precision of the model whose cache is measured)
-    (GPTConfig(vocab_size=50, block_size=16, n_layer=3, n_head=2, n_embd=24), 11, 4, torch.float32),
+    (GPTConfig(vocab_size=50, block_size=16, n_layer=3, n_head=2, n_embd=24), 11, None, torch.float32),
     (GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32), 32, 2, torch.bfloat16),
     (GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=1, n_embd=8), 1, 4, torch.float32),
 ]
@@ -1041,11 +1042,14 @@ def check_kv_cache_bytes(kv_cache_bytes):
     cases = [(c, t, b, _measured_bytes(c, t, dtype), " (what a cache of those positions holds)")
              for c, t, b, dtype in BYTES_CASES]
     cases += [(c, t, b, 2 * c.n_layer * c.n_embd * t * b, "") for c, t, b in BIG_CASES]
-    for config, tokens, b, want, source in cases:
+    for config, tokens, given, want, source in cases:
         label = (f"kv_cache_bytes(GPTConfig(n_layer={config.n_layer}, n_head={config.n_head}, n_embd={config.n_embd}, "
-                 f"block_size={config.block_size}), {tokens}, bytes_per_number={b})")
+                 f"block_size={config.block_size}), {tokens}" + ("" if given is None else f", bytes_per_number={given}")
+                 + ")")
         theirs = make("kv_cache.gpt_config", **dataclasses.asdict(config))  # the same GPTConfig, theirs
-        got = call(kv_cache_bytes, theirs, tokens, label=label, bytes_per_number=b)
+        got = call(kv_cache_bytes, theirs, tokens, label=label,
+                   **({} if given is None else {"bytes_per_number": given}))
+        b = DEFAULT_BYTES if given is None else given
         if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
             hint = next((why for value, why in _bytes_mistakes(config, tokens, b) if got == value), "")
             fail(f"{label} returned {show(got)}, expected {want:,}{source}", hint)

@@ -897,12 +897,19 @@ def _check_generator(sample_from_logits, label: str, batch, rows, first, calls: 
              "your draws follow the right distribution but are not the ones torch.multinomial makes: use "
              "torch.multinomial(probs, num_samples=1, generator=generator), so that a seed gives the same tokens "
              "as Hugging Face's generate")
-    with learner_side(seed=6010):
-        unseeded, _ = _call(sample_from_logits, rows, None,
-                            label="sample_from_logits(<logits of shape (150, 10)>, None)")
-    if not isinstance(unseeded, torch.Tensor) or unseeded.shape != (rows.shape[0],):
-        fail(f"sample_from_logits({_t(rows)}, None) returned {show(unseeded)}; without a generator, draw with "
-             "torch's global random generator (generator=None)")
+    with _seeded(6010):
+        want = torch.multinomial(rows.softmax(-1), 1).squeeze(-1)  # torch's global generator, seeded
+    for given in ((None,), ()):  # generator=None, and left out (its default)
+        label = f"sample_from_logits({_t(rows)}{', None' if given else ''}) after torch.manual_seed(6010)"
+        with learner_side(seed=6010):
+            unseeded, _ = _call(sample_from_logits, rows, *given, label=label)
+        if not isinstance(unseeded, torch.Tensor) or unseeded.shape != (rows.shape[0],):
+            fail(f"{label} returned {show(unseeded)}; without a generator, draw with torch's global random generator "
+                 "(generator=None)")
+        if not torch.equal(unseeded, want):
+            fail(f"{label} drew {show(unseeded.tolist())}; torch's global generator draws {show(want.tolist())}",
+                 "with no generator (None, the default), draw with torch's global generator: "
+                 "torch.multinomial(probs, 1, generator=None), no generator of your own")
 
 
 # ---------------------------------------------------------------- beam search
@@ -973,7 +980,7 @@ def _liked_tokens(model_name: str, prompt: tuple[int, ...], max_new_tokens: int)
 
 # (model, prompt, max_new_tokens, num_beams, length_penalty, end-of-text ids as ranks among the liked tokens)
 BEAM_CASES = [
-    ("a", (3, 14, 15, 9), 12, 3, 1.0, ()),
+    ("a", (3, 14, 15, 9), 12, 4, 1.0, ()),  # beam_search's defaults: num_beams, length_penalty and eos_ids left out
     ("a", (3, 14, 15, 9), 8, 3, 2.0, (2,)),
     ("a", (7, 7, 21), 8, 2, 2.0, (0,)),
     ("a", (3, 14, 15, 9), 8, 4, -1.0, (0, 2)),
@@ -988,6 +995,7 @@ BEAM_CASES = [
     ("a", (3, 14, 15, 9), 12, 1, 2.0, ()),  # one beam is greedy decoding, whatever the length penalty
     ("a", (40,), 8, 1, -1.0, (0,)),
 ]
+BEAM_DEFAULTS = (4, 1.0, [])  # beam_search's num_beams, length_penalty and eos_ids when they are left out
 # Cases again with eos_ids given as another iterable than a list (beam_search takes any iterable of ids).
 EOS_ITERABLES = [(BEAM_CASES[3], "generator"), (BEAM_CASES[9], "generator"), (BEAM_CASES[4], "set"),
                  (BEAM_CASES[1], "tuple")]
@@ -1070,9 +1078,11 @@ BEAM_MISTAKES = {
 }
 
 
-def _beam_label(prompt, n, beams, lp, eos) -> str:
-    return (f"beam_search(<a random GPT-2>, {prompt}, max_new_tokens={n}, num_beams={beams}, length_penalty={lp}, "
-            f"eos_ids={eos})")
+def _beam_label(prompt, n, *given) -> str:
+    """The call as a label; ``given``: num_beams, length_penalty and eos_ids as shown, those left out cut off."""
+    names = ("num_beams", "length_penalty", "eos_ids")
+    return f"beam_search(<a random GPT-2>, {prompt}, max_new_tokens={n}" + \
+        "".join(f", {name}={value}" for name, value in zip(names, given)) + ")"
 
 
 def _eos_as(eos: list, kind: str):
@@ -1119,10 +1129,12 @@ def _check_beams(beam_search, case, kind: str, models: dict, answers: list, prom
     if case[0] not in models:
         models[case[0]] = _beam_model(case[0])
     eos_arg, eos_shown = _eos_as(eos, kind)
-    label = _beam_label(prompt, n, beams, lp, eos_shown)
+    given = [beams, lp, eos_arg]
+    while kind == "list" and given and given[-1] == BEAM_DEFAULTS[len(given) - 1]:
+        given.pop()  # a trailing default is left out, so that beam_search's own defaults are used too
+    label = _beam_label(prompt, n, *(beams, lp, eos_shown)[:len(given)])
     note = ONE_PASS if kind == "generator" else ""
-    got, changed = _call(beam_search, models[case[0]], list(prompt), n, beams, lp, eos_arg, label=label,
-                         on_error=note)
+    got, changed = _call(beam_search, models[case[0]], list(prompt), n, *given, label=label, on_error=note)
     prompts.append((changed, label))
     if isinstance(got, torch.Tensor):
         fail(f"{label} returned a tensor; return a list of int ids")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import threading
 
 import torch
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 
 from autograder.checks import gap
 from autograder.sandboxed.helpers import training as recipes
-from autograder.judge import ask, because_of, cell, make, part, seeded, type_of
+from autograder.judge import ask, because_of, cell, learner_side, make, part, seeded, serve_function, type_of
 from coursekit.testing import call, close, expect_raises, fail, show
 from minigpt import training as reference
 
@@ -51,6 +50,10 @@ BATCH_CASES = [  # (length of the stream, batch_size, block_size, seed, dtype of
     (1000, 16, 32, 3, torch.long, WINDOWS), (64, 5, 4, 4, torch.int32, ID_DTYPES),
     (64, 2, 6, 5, torch.int16, ID_DTYPES), (40, 3, 5, 6, torch.uint8, ID_DTYPES), (20, 0, 5, 7, torch.long, NO_WINDOWS),
 ]
+GLOBAL = "torch's global generator when none is given"
+# (length of the stream, batch_size, block_size, the seed of torch's global generator on the learner's side, how no
+# generator is given: "None" (generator=None) or "left out")
+GLOBAL_CASES = [(100, 4, 8, 8, "None"), (60, 3, 5, 9, "left out")]
 
 
 def _batch_mistake(ids, B, T, seed, x, y) -> str:
@@ -69,13 +72,16 @@ def _batch_mistake(ids, B, T, seed, x, y) -> str:
             "x = the window at each start and y = the window one token further")
 
 
-@cell("test_get_batch", parts={WINDOWS: 4, ID_DTYPES: 1, NO_WINDOWS: 1, BAD_IDS: 1})
+@cell("test_get_batch", parts={WINDOWS: 4, ID_DTYPES: 1, NO_WINDOWS: 1, GLOBAL: 1, BAD_IDS: 1})
 def check_get_batch(get_batch):
     for name in (WINDOWS, ID_DTYPES, NO_WINDOWS):
         with part(name):
             for n, B, T, seed, dtype, case_part in BATCH_CASES:
                 if case_part == name:
                     _check_batch(get_batch, n, B, T, seed, dtype)
+    with part(GLOBAL):
+        for n, B, T, seed, generator in GLOBAL_CASES:
+            _check_batch(get_batch, n, B, T, seed, torch.long, generator)
     with part(BAD_IDS):
         for ids, B, T in ((_stream(8, 0), 2, 8), (_stream(3, 0), 1, 8), (_stream(20, 0).reshape(4, 5), 2, 3)):
             expect_raises(ValueError, get_batch, ids, B, T, make("training.generator", 0), name="get_batch",
@@ -83,22 +89,40 @@ def check_get_batch(get_batch):
                                "its target")
 
 
-def _check_batch(get_batch, n, B, T, seed, dtype):
+def _check_batch(get_batch, n, B, T, seed, dtype, generator="given"):
+    """One call of get_batch: with a generator seeded ``seed`` (``generator="given"``), or with none ("None":
+    generator=None; "left out") after torch.manual_seed(seed) on the learner's side, whose global generator must then
+    draw the starts."""
     ids = _stream(n, seed, vocab=250 if dtype == torch.uint8 else 50257, dtype=dtype)
-    label = f"get_batch(<{n} ids of dtype {str(dtype).removeprefix('torch.')}>, {B}, {T}, <a generator seeded {seed}>)"
-    answer = call(ask, "training.run", get_batch, ids, B, T, generator=make("training.generator", seed), label=label)
+    shown = {"given": f", <a generator seeded {seed}>", "None": ", generator=None", "left out": ""}[generator]
+    label = (f"get_batch(<{n} ids of dtype {str(dtype).removeprefix('torch.')}>, {B}, {T}{shown})"
+             + ("" if generator == "given" else f" after torch.manual_seed({seed})"))
+    if generator == "given":
+        answer = call(ask, "training.run", get_batch, ids, B, T, generator=make("training.generator", seed),
+                      label=label)
+        want_x, want_y = reference.get_batch(ids, B, T, torch.Generator().manual_seed(seed))
+    else:
+        with learner_side(seed=seed):
+            answer = call(ask, "training.run", get_batch, ids, B, T, label=label,
+                          **({"generator": None} if generator == "None" else {}))
+        with seeded(seed):
+            want_x, want_y = reference.get_batch(ids, B, T)
     got, changed = answer
     if changed[0]:
         fail(f"{label} changed the ids it was given", "read ids, never write into them")
     if not isinstance(got, tuple) or len(got) != 2:
         fail(f"{label} returned {show(got)}, expected a pair (x, y)", "return x, y")
-    want_x, want_y = reference.get_batch(ids, B, T, torch.Generator().manual_seed(seed))
     x = _tensor(f"{label}[0] (x)", got[0], want_x.shape, torch.long)
     y = _tensor(f"{label}[1] (y)", got[1], want_y.shape, torch.long)
     if not (torch.equal(x, want_x) and torch.equal(y, want_y)):
+        hint = _batch_mistake(ids.long(), B, T, seed, x, y)
+        if generator != "given" and torch.equal(x, reference.get_batch(ids, B, T, torch.Generator())[0]):
+            hint = ("with no generator given, the starts come from torch's global generator: pass generator on to "
+                    "torch.randint as it is (None there means the global one). A new torch.Generator() draws the "
+                    "same windows in every run, whatever torch.manual_seed said")
         fail(f"{label} returned windows that differ from the expected ones (x[0] = {show(x[0].tolist() if B else [])}, "
              f"expected {show(want_x[0].tolist() if B else [])}; y[0] = {show(y[0].tolist() if B else [])}, expected "
-             f"{show(want_y[0].tolist() if B else [])})", _batch_mistake(ids.long(), B, T, seed, x, y))
+             f"{show(want_y[0].tolist() if B else [])})", hint)
 
 
 # ---------------------------------------------------------------- cross_entropy and perplexity
@@ -152,12 +176,18 @@ def _ce_mistake(logits, targets, got) -> str:
     return "-log softmax(logits)[target] at each position, then the mean"
 
 
-# e ** 100 is finite in float64, inf in float32; e ** 1000 is past float64 too (math.exp raises): inf, as documented
-PERPLEXITY_CASES = (0.0, 1.0, math.log(50257), 4.6, 100.0, 1000.0)
+# e ** 100 is finite in float64, inf in float32 (past a loss of 88.72). Past log(sys.float_info.max) = 709.7827,
+# math.exp raises and the docstring says inf: cases on both sides of that edge (e ** 709.78 is 1.79e308, a float;
+# e ** 709.79 is not)
+FLOAT64_EDGE = (700.0, 709.78, 709.79, 1000.0)
+PERPLEXITY_CASES = (0.0, 1.0, math.log(50257), 4.6, 100.0, *FLOAT64_EDGE)
 
 
 def _perplexity(loss: float) -> float:
-    return math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 @cell("test_cross_entropy", parts={LOSSES: 3, LARGE: 2, MASKED: 1, DTYPES: 1, GRADIENTS: 2, BAD_SHAPES: 1,
@@ -191,14 +221,22 @@ def check_cross_entropy(cross_entropy, perplexity):
                        "OverflowError there; return math.inf, as the docstring says")
             if not isinstance(got, float) or not (got == want if want == math.inf else
                                                   close(got, want, atol=0, rtol=1e-6)):
-                overflow = isinstance(got, float) and got == math.inf
-                fail(f"perplexity({loss:.4g}) returned {show(got)}, expected {want:.6g}",
-                     "e ** loss overflows float32 above a loss of about 88.7: compute it as a Python float (float64), "
-                     "math.exp(float(loss))" if overflow else "e ** loss, as a float: math.exp(float(loss))")
+                fail(f"perplexity({loss:.6g}) returned {show(got)}, expected {want:.6g}", _perplexity_hint(loss, got))
         got = call(perplexity, torch.tensor(2.0), name="perplexity")
         if not isinstance(got, float) or not close(got, math.exp(2.0), atol=1e-5, rtol=0):
             fail(f"perplexity(tensor(2.)) returned {show(got)}, expected {math.exp(2.0):.6g} as a float",
                  "accept a 0-d tensor too: float(loss)")
+
+
+def _perplexity_hint(loss: float, got) -> str:
+    if not (isinstance(got, float) and got == math.inf):
+        return "e ** loss, as a float: math.exp(float(loss))"
+    if loss < min(FLOAT64_EDGE):
+        return ("e ** loss overflows float32 above a loss of about 88.7: compute it as a Python float (float64), "
+                "math.exp(float(loss))")
+    return (f"inf only past what a float holds: e ** {loss:g} is {math.exp(loss):.4g}, still a float; math.exp "
+            "raises OverflowError only above a loss of log(sys.float_info.max) = 709.78: catch that, not a round "
+            "threshold")
 
 
 def _check_loss(label: str, got, logits: torch.Tensor, targets: torch.Tensor) -> None:
@@ -231,8 +269,9 @@ def _check_gradient(label: str, grad, logits: torch.Tensor, targets: torch.Tenso
 # ---------------------------------------------------------------- estimate_loss
 
 ESTIMATE_CASES = [  # (model seed, stream length, number of windows, batch_size, model's mode before)
-    (10, 400, 5, 2, True), (11, 300, 8, 8, False), (12, 500, 1, 4, True), (13, 250, 7, 3, False),
-]
+    (10, 400, 5, 2, True), (11, 300, 11, None, False), (12, 500, 1, 4, True), (13, 250, 7, 3, False),
+]  # a batch_size of None: left out (estimate_loss's default, ESTIMATE_BATCH: chunks of 8 and 3 here)
+ESTIMATE_BATCH = 8
 
 
 @functools.cache
@@ -254,10 +293,13 @@ def check_estimate_loss(estimate_loss):
             ids = _stream(n, seed + 100, vocab=97)
             starts = reference.spread(ids, ours.config.block_size, windows)
             model.train(training)
-            label = (f"estimate_loss(<GPT>, <{n} ids>, <{windows} starts>, {ours.config.block_size}, "
-                     f"batch_size={batch_size}) on a model in {'training' if training else 'eval'} mode")
-            got = call(estimate_loss, model, ids, starts, ours.config.block_size, batch_size, label=label,
+            label = (f"estimate_loss(<GPT>, <{n} ids>, <{windows} starts>, {ours.config.block_size}"
+                     + ("" if batch_size is None else f", batch_size={batch_size}")
+                     + f") on a model in {'training' if training else 'eval'} mode")
+            got = call(estimate_loss, model, ids, starts, ours.config.block_size,
+                       *(() if batch_size is None else (batch_size,)), label=label,
                        hint=because_of(cross_entropy="test_cross_entropy"))
+            batch_size = ESTIMATE_BATCH if batch_size is None else batch_size
             returned.append((label, model, training))
             with _lock:
                 want = reference.estimate_loss(ours, ids, starts, ours.config.block_size, batch_size)
@@ -392,8 +434,9 @@ def _check_rate(lr_at, step: int, schedule: dict, want: float) -> None:
 # ---------------------------------------------------------------- train_step
 
 STEP_CASES = [  # (model seed, batch seed, lr, max_grad_norm, steps in a row, model in training mode first)
-    (20, 0, 1e-3, 1.0, 1, True), (21, 1, 3e-3, 0.05, 2, False), (22, 2, 1e-2, 1e9, 3, True),
-]
+    (20, 0, 1e-3, None, 1, True), (21, 1, 3e-3, 0.05, 2, False), (22, 2, 1e-2, 1e9, 3, True),
+]  # a max_grad_norm of None: left out (train_step's default, STEP_CLIP)
+STEP_CLIP = 1.0
 # The steps run in float64. AdamW divides by |gradient| + 1e-8: a gradient whose float32 terms cancel down to about
 # 1e-8 moves its weight by lr / 1e-8 times the rounding (1.5e-6 measured between two correct float32 losses, 7 times
 # under the 1e-5 the weights are compared to). float64's rounding, 1e9 times smaller, stays far below that 1e-8: a
@@ -425,9 +468,12 @@ def check_train_step(train_step):
             ids = _stream(400, batch_seed, vocab=97)
             g = torch.Generator().manual_seed(batch_seed)
             batches = [reference.get_batch(ids, 4, 16, g) for _ in range(n)]
-            label = f"train_step(<GPT>, <AdamW, lr={lr:g}>, x, y, max_grad_norm={clip:g})"
-            got = [call(train_step, model, optimizer, x, y, clip, label=label,
+            label = f"train_step(<GPT>, <AdamW, lr={lr:g}>, x, y" + \
+                ("" if clip is None else f", max_grad_norm={clip:g}") + ")"
+            got = [call(train_step, model, optimizer, x, y, *(() if clip is None else (clip,)), label=label,
                         hint=because_of(cross_entropy="test_cross_entropy")) for x, y in batches]
+            clip = STEP_CLIP if clip is None else clip
+            case = (seed, batch_seed, lr, clip, n, training)
             want, want_params = _reference_steps(seed, batches, lr, clip)
             ran.append((label, model, optimizer, case, batches, want_params))
             _check_step_losses(label, got, want, n)
@@ -520,7 +566,8 @@ def check_train(train):
             seed, data_seed, steps, start, B, every, schedule, options = case
             model = make("training.tiny_gpt", seed)
             optimizer = make(f"training.{options.get('optimizer', 'adamw')}", model, schedule["max_lr"])
-            recorder = make("training.Recorder") if "evaluate" not in options else None
+            # evaluate is the judge's: each call is a request this process answers and records (recorder.calls)
+            recorder = serve_function(lambda done: done) if "evaluate" not in options else None
             ids = _stream(600, data_seed, vocab=97)
             # train's own arguments (evaluate=None: left to train's default)
             given = {k: v for k, v in options.items() if v is not None and k != "optimizer"}
@@ -530,7 +577,8 @@ def check_train(train):
                      + "".join(f", {k}={v!r}" for k, v in given.items()) + ")")
             log = call(train, model, optimizer, ids, steps=steps, batch_size=B, schedule=schedule,
                        generator=make("training.generator", data_seed), eval_every=every, start_step=start,
-                       progress=False, **({"evaluate": recorder} if recorder is not None else {}), **given,
+                       progress=False, **({"evaluate": make("training.Evaluate", recorder.id)} if recorder is not None
+                                          else {}), **given,
                        label=label, hint=because_of(**uses) or ("" if recorder is not None else
                                                                 "evaluate is None unless one is given: call it only "
                                                                 "then"))

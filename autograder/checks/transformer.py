@@ -232,9 +232,11 @@ FAR_FROM_ZERO = ("your LayerNorm is right for inputs near 0 but not for these, w
                  "mean^2 subtracts two numbers near 90,000 that agree in all but their last digits, and float32 "
                  "loses what is left; compute the variance from the centred values, ((x - mean)^2).mean(-1), or "
                  "x.var(-1, unbiased=False)")
+LN_DEFAULT_EPS = 1e-5  # LayerNorm's eps where none is given (an eps of None in a case: left out)
 LN_EDGE_CASES = [  # (C, eps, input shape, scale, offset, atol, note when only this case fails)
     (9, 1e-5, (9,), 3.0, 1.0, ATOL, ""),                    # one position alone: a 1-D input
-    (8, 1e-5, (2, 3, 8), 0.0, 2.0, ATOL, ""),               # every channel equal (variance 0): eps keeps 0 / 0 away
+    (8, None, (2, 3, 8), 0.0, 2.0, ATOL, ""),               # every channel equal (variance 0): the default eps keeps
+                                                            # 0 / 0 away
     (64, 1e-5, (3, 7, 64), 1.0, 300.0, 1e-3, FAR_FROM_ZERO),  # correct ways agree to 1e-4; mean(x^2) - mean^2: 5e-2
 ]
 LN_FLOAT64 = (12, 1e-3, (2, 3, 12))  # C, eps, input shape: float64 weights and input, then a training step
@@ -331,11 +333,12 @@ def _check_layer_norm_case(LayerNorm, seed, C, eps, shape, scale, offset, atol, 
         x = sent.transpose(*transpose)
     else:
         sent = x = torch.randn(*shape, generator=g) * scale + offset
-    name = f"LayerNorm({C}, eps={eps})"
-    ln = call(LayerNorm, C, eps, name="LayerNorm")
+    name = f"LayerNorm({C})" if eps is None else f"LayerNorm({C}, eps={eps})"
+    ln = call(LayerNorm, C, *(() if eps is None else (eps,)), name="LayerNorm")
     _load_parameters(ln, {"weight": weight, "bias": bias}, name,
                      "keep the learned scale and shift as given, self.weight and self.bias, of shape (C,)")
-    label = f"LayerNorm({C}, eps={eps}) on an input of shape {tuple(shape)}"
+    label = f"{name} on an input of shape {tuple(shape)}"
+    eps = LN_DEFAULT_EPS if eps is None else eps
     try:
         got, changed = _run(ln, sent, name, transpose)
     except AssertionError as err:

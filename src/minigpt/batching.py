@@ -111,8 +111,9 @@ def generate_batch(model: torch.nn.Module, tokenizer, prompts: list, max_new_tok
                    stop: str | Iterable[str] = (), eos_ids: Iterable[int] | None = None,
                    samplers: list[Sampler] | None = None) -> list[Generation]:
     """Every prompt (text or ids) continued at once, one forward pass of the batch per token, through chapter 7's
-    cache. Row b is what chapter 6's generate writes for prompt b alone with samplers[b] (greedy if None; a
-    sampler's prompt_len, which its presence and frequency penalties use, set as generate sets it)."""
+    cache. Row b is what chapter 6's generate writes for prompt b alone with samplers[b] (greedy if None). The
+    samplers are used as given: the caller makes each with prompt_len=len(prompt b) where its presence or frequency
+    penalties need it, as generate does for its own."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     stop = [stop] if isinstance(stop, str) else list(stop)

@@ -37,7 +37,10 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def perplexity(loss: float | torch.Tensor) -> float:
     """e ** loss: as many equally likely tokens as would leave the model as unsure (inf past what a float holds)."""
     value = loss.item() if isinstance(loss, torch.Tensor) else float(loss)
-    return math.exp(value) if value < 709 else math.inf
+    try:
+        return math.exp(value)
+    except OverflowError:  # a loss above log(sys.float_info.max), about 709.78
+        return math.inf
 
 
 def spread(ids: torch.Tensor, block_size: int, n: int | None = None) -> torch.Tensor:

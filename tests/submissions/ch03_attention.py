@@ -63,6 +63,13 @@ MUTANTS = [
         # The layer only builds square masks, so it keeps its points.
         {"test_causal_mask": "the LAST t_q positions"},
     ),
+    Mutant(
+        "mask-ignores-device",
+        "the device argument is accepted and never used",
+        (_mask("torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)"),),
+        # On a CPU the mask is right wherever it was meant to go: only the device part is lost.
+        {"test_causal_mask": "it was dropped"}, kept={"test_causal_mask": 7 / 8},
+    ),
     # ---- softmax
     Mutant(
         "softmax-no-max",

@@ -65,12 +65,40 @@ MUTANTS = [
         (Edit("token_stream", "ids = list(prompt_ids)", "ids = prompt_ids"),),
         {"test_token_stream": "prompt list mutated"},
     ),
+    Mutant(
+        "stream-all-then-yield",
+        "every token is generated before the first is yielded (a list handed out at the end)",
+        (Edit("token_stream", "        yield next_id\n        if next_id in eos:\n            return\n        ids.append(next_id)\n",
+              "        made.append(next_id)\n        if next_id in eos:\n            break\n        ids.append(next_id)\n"
+              "    yield from made\n"),
+         Edit("token_stream", "    eos = set(eos_ids)\n", "    eos = set(eos_ids)\n    made = []\n")),
+        {"test_token_stream": "ran 10 forward passes before giving its first token",
+         "test_text_stream": "only after all 12 tokens were written"},
+    ),
+    Mutant(
+        "stream-all-faked-count",
+        "every token generated before the first is yielded, and the model's call count set back to 0",
+        (Edit("token_stream", "        yield next_id\n        if next_id in eos:\n            return\n        ids.append(next_id)\n",
+              "        made.append(next_id)\n        if next_id in eos:\n            break\n        ids.append(next_id)\n"
+              "    for counted in (model, *getattr(model, 'modules', lambda: [])()):\n"
+              "        if hasattr(counted, 'calls'):\n            counted.calls = 0\n"
+              "    yield from made\n"),
+         Edit("token_stream", "    eos = set(eos_ids)\n", "    eos = set(eos_ids)\n    made = []\n")),
+        {"test_token_stream": "ran 10 forward passes before giving its first token",
+         "test_text_stream": "only after all 12 tokens were written"},
+    ),
     # ---- find_stop and held_back
     Mutant(
         "stop-first-listed",
         "find_stop returns the first stop string of the list that occurs, not the earliest",
         (Edit("stop_strings", "return min(found) if found else None", "return found[0] if found else None"),),
         {"test_stop_strings": "EARLIEST occurrence", "test_text_stream": "occurs EARLIEST in the text"},
+    ),
+    Mutant(
+        "held-back-first-stop",
+        "held_back returns the hold of the first stop string that has one, not the longest of them all",
+        (Edit("stop_strings", "                longest = n\n                break\n", "                return n\n"),),
+        {"test_stop_strings": "keep the LONGEST"},
     ),
     # ---- TextStream
     Mutant(

@@ -12,6 +12,13 @@ from . import Edit, Mutant, Variant
 
 CHAPTER = "08-training"
 USES_CE = ("test_estimate_loss", "test_train_step", "test_train")
+PERPLEXITY_EXP = """\
+    try:
+        return math.exp(value)
+    except OverflowError:  # a loss above log(sys.float_info.max), about 709.78
+        return math.inf
+"""
+PERPLEXITY = "    value = loss.item() if isinstance(loss, torch.Tensor) else float(loss)\n" + PERPLEXITY_EXP
 
 MUTANTS = [
     # ---- get_batch
@@ -21,6 +28,12 @@ MUTANTS = [
     Mutant("batch-start-off-by-one", "starts drawn below len(ids) - block_size - 1",
            (Edit("get_batch", "torch.randint(len(ids) - block_size, ", "torch.randint(len(ids) - block_size - 1, "),),
            {"test_get_batch": "the starts are drawn below len(ids) - block_size - 1", "test_train": ""}),
+    Mutant("batch-own-generator", "a generator of its own when none is given, not torch's global one",
+           (Edit("get_batch", "    starts = torch.randint(",
+                 "    if generator is None:  # reproducible batches: a generator of its own\n"
+                 "        generator = torch.Generator()\n"
+                 "    starts = torch.randint("),),
+           {"test_get_batch": "the starts come from torch's global generator"}, kept={"test_get_batch": 1.75}),
     Mutant("batch-no-length-check", "no check that the stream holds a window and its target",
            (Edit("get_batch", """    if len(ids) < block_size + 1:
         raise ValueError(f"a window of block_size={block_size} and its target need {block_size + 1} ids, "
@@ -48,13 +61,14 @@ MUTANTS = [
                  "picked = (torch.nn.functional.one_hot(targets.long(), logits.shape[-1]) * log_probs).sum(-1)"),),
            {"test_cross_entropy": "0 * -inf is nan"}),
     Mutant("perplexity-float32", "perplexity by torch.exp on a float32 tensor: inf above a loss of 88.7",
-           (Edit("cross_entropy", """    value = loss.item() if isinstance(loss, torch.Tensor) else float(loss)
-    return math.exp(value) if value < 709 else math.inf""", "    return float(torch.exp(torch.as_tensor(loss)))"),),
+           (Edit("cross_entropy", PERPLEXITY, "    return float(torch.exp(torch.as_tensor(loss)))\n"),),
            {"test_cross_entropy": "overflows float32"}),
     Mutant("perplexity-overflows", "perplexity by math.exp alone: OverflowError past a loss of 709.78",
-           (Edit("cross_entropy", "    return math.exp(value) if value < 709 else math.inf",
-                 "    return math.exp(value)"),),
+           (Edit("cross_entropy", PERPLEXITY_EXP, "    return math.exp(value)\n"),),
            {"test_cross_entropy": "return math.inf, as the docstring says"}),
+    Mutant("perplexity-round-threshold", "perplexity inf from a round loss of 709, below what a float holds",
+           (Edit("cross_entropy", PERPLEXITY_EXP, "    return math.exp(value) if value < 709 else math.inf\n"),),
+           {"test_cross_entropy": "inf only past what a float holds"}, kept={"test_cross_entropy": 2 * 10 / 12}),
     # ---- estimate_loss
     Mutant("estimate-no-eval", "measures in training mode (dropout on)",
            (Edit("estimate_loss", "    model.eval()\n", ""),),
@@ -138,6 +152,12 @@ MUTANTS = [
            (Edit("train", "        if evaluate is not None and ((eval_every and done % eval_every == 0) or done == steps)",
                  "        if (eval_every and done % eval_every == 0) or done == steps"),),
            {"test_train": "evaluate is None unless one is given"}),
+    Mutant("train-evaluate-faked", "never calls evaluate: writes the evals it would return, and the calls a recorder "
+           "would have seen",
+           (Edit("train", '            log["evals"].append((done, evaluate(done)))\n',
+                 '            log["evals"].append((done, done))\n'
+                 '            evaluate.calls = [*getattr(evaluate, "calls", []), done]\n'),),
+           {"test_train": "called evaluate with []"}),
     Mutant("train-ignores-start", "always starts from step 0",
            (Edit("train", "range(start_step, steps)", "range(steps)"),),
            {"test_train": "optimizer steps"}),

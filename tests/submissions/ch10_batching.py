@@ -80,17 +80,40 @@ EACH_ALONE = """\
 """
 
 # Each prompt alone (the right ids), then every count this side could fake for "one forward pass of the batch per
-# token": the head's hooks called with a batch of every row, a call of the judge's head with such a batch, and the
-# list a forward hook of the head used to fill (which got full marks when the grader read it). The head's weights
-# are the judge's: every pass was counted there.
+# token": the hooks of block 0's c_attn called with a batch of every row, a call of the judge's c_attn with such a
+# batch, and the list a forward hook of the head used to fill (which got full marks when the grader read it). The
+# judge holds block 0's c_attn: every pass was counted there.
 ALONE_FAKED_COUNT = EACH_ALONE + """\
     batch = torch.zeros(len(rows), 1, config.n_embd)
-    for hook in list(model.lm_head._forward_hooks.values()):
-        hook(model.lm_head, (batch,), None)
-    if hasattr(model.lm_head, "service"):
+    c_attn = model.h[0].attn.c_attn
+    for hook in list(c_attn._forward_hooks.values()):
+        hook(c_attn, (batch,), None)
+    if hasattr(c_attn, "service"):
         from autograder.sandboxed import hidden
-        hidden.ask_judge(model.lm_head.service, batch)
+        hidden.ask_judge(c_attn.service, batch)
     model.head_rows = [len(rows)] * max_new_tokens
+"""
+
+# Every step runs the whole padded batch again, without the cache: the right ids, one pass per token, each pass
+# computing every column so far.
+NO_CACHE_LOOP = """\
+    grown = [list(ids) for ids in prompt_ids]
+    for step in range(max_new_tokens):
+        ids, mask = left_pad(grown, pad_id=0)
+        last = forward_padded(model, ids, mask)[:, -1]  # the whole batch again: no cache
+        for b, row in enumerate(rows):
+            if row.finish_reason is None:
+                row.add(samplers[b](last[b], grown[b]))
+                grown[b].append(row.ids[-1])
+        if all(row.finish_reason is not None for row in rows):
+            break
+"""
+
+# Padded with end-of-text, and the mask then taken from the ids: a prompt's own <|endoftext|> is hidden as padding.
+MASK_FROM_IDS = """\
+    pad = end_of_text_id(tokenizer)
+    ids, _ = left_pad(prompt_ids, pad_id=pad)
+    mask = (ids != pad).long()  # 1 where the id is not the pad's
 """
 
 MUTANTS = [
@@ -135,7 +158,8 @@ MUTANTS = [
            {"test_padded_causal_mask": "the LAST t_new", "test_forward_padded": "", "test_generate_batch": ""}),
     Mutant("mask-padding-reads-nothing", "a padding query's row is all False: NaN",
            (Edit("padded_causal_mask", MASK_RETURN, "    return causal & keys\n"),),
-           {"test_padded_causal_mask": "0 / 0 = NaN", "test_forward_padded": "", "test_generate_batch": ""}),
+           {"test_padded_causal_mask": "0 / 0 = NaN", "test_forward_padded": "NaN in the logits",
+            "test_generate_batch": ""}),
     # ---- forward_padded
     Mutant("forward-column-positions", "each token embedded at its column",
            (Edit("forward_padded", POSITIONS, "    positions = torch.arange(mask.shape[1])[-t_new:]\n"),),
@@ -153,9 +177,9 @@ MUTANTS = [
            {"test_generate_batch": "one forward pass of the whole batch"}),
     Mutant("gen-alone-faked-count", "each prompt generated alone, then a batch's count of forward passes faked",
            (Edit("generate_batch", LOOP, ALONE_FAKED_COUNT),),
-           {"test_generate_batch": "[one forward pass of the batch per token: 1 of 5] generate_batch(<a random GPT>, "
-                                   "<GPT-2's tokenizer>, [[1, 2, 3], [4], [5, 6]], 6, eos_ids=[]) ran the model 19 "
-                                   "times"},
+           {"test_generate_batch": "[one forward pass of the batch per token, through the cache: 1 of 5] "
+                                   "generate_batch(<a random GPT>, <GPT-2's tokenizer>, [[1, 2, 3], [4], [5, 6]], 6, "
+                                   "eos_ids=[]) ran the model 19 times, on batches of [1, 3] rows"},
            kept={"test_generate_batch": 4 * 4 / 5}),  # the other parts: the ids are right
     Mutant("gen-finished-grows", "a finished row is given more tokens",
            (Edit("generate_batch", CHOOSE, """\
@@ -177,6 +201,24 @@ MUTANTS = [
     Mutant("gen-pass-after-last", "a while loop that runs the model once more after the last token",
            (Edit("generate_batch", LOOP, ONE_PASS_TOO_MANY),),
            {"test_generate_batch": "none after the last token"}),
+    Mutant("gen-runs-after-all-finished", "the loop stops only at max_new_tokens: passes go on once every row has "
+                                          "finished",
+           (Edit("generate_batch", STOP, "        if step == max_new_tokens - 1:\n"),),
+           {"test_generate_batch": "every row had finished after 6 new tokens and the loop went on"},
+           kept={"test_generate_batch": 4 * 4 / 5}),  # the other parts: the ids are right
+    Mutant("gen-no-cache", "the whole padded batch run again at every step, no cache",
+           (Edit("generate_batch", LOOP, NO_CACHE_LOOP),),
+           {"test_generate_batch": "the work the cache saves"},
+           kept={"test_generate_batch": 4 * 4 / 5}),
+    Mutant("gen-sampler-new-ids", "each sampler given only its row's new ids, not the prompt's",
+           (Edit("generate_batch", CHOOSE, CHOOSE.replace("row.prompt_ids + row.ids", "row.ids")),),
+           {"test_generate_batch": "each sampler was given only its row's new ids"},
+           kept={"test_generate_batch": 4 * 4 / 5}),
+    Mutant("gen-mask-from-ids", "padded with end-of-text, the mask taken from the ids: a prompt's own "
+                                "<|endoftext|> hidden as padding",
+           (Edit("generate_batch", "    ids, mask = left_pad(prompt_ids, pad_id=0)\n", MASK_FROM_IDS),),
+           {"test_generate_batch": "a token with the pad's id is still a token"},
+           kept={"test_generate_batch": 4 * 3 / 5}),  # the greedy part (2 of 5) alone
     Mutant("gen-mask-not-grown", "the mask not extended for the new column",
            (Edit("generate_batch", GROW, ""),),
            {"test_generate_batch": ""}),
@@ -271,17 +313,21 @@ def forward_padded(model, ids, mask, cache=None):
     return model.lm_head(model.ln_f(x))
 '''
 
-NO_CACHE_LOOP = """\
-    grown = [list(ids) for ids in prompt_ids]
+# Padded with end-of-text (any id the model has will do), and a finished row fed the pad.
+END_OF_TEXT_PAD = """\
+    pad = end_of_text_id(tokenizer)
+    ids, mask = left_pad(prompt_ids, pad_id=pad)
+    cache = KVCache(config.n_layer)
+    logits = forward_padded(model, ids, mask, cache)[:, -1]
     for step in range(max_new_tokens):
-        ids, mask = left_pad(grown, pad_id=50256 % config.vocab_size)
-        last = forward_padded(model, ids, mask)[:, -1]  # the whole batch again: no cache
         for b, row in enumerate(rows):
             if row.finish_reason is None:
-                row.add(samplers[b](last[b], grown[b]))
-                grown[b].append(row.ids[-1])
-        if all(row.finish_reason is not None for row in rows):
+                row.add(samplers[b](logits[b], row.prompt_ids + row.ids))
+        if step == max_new_tokens - 1 or all(row.finish_reason for row in rows):
             break
+        new = torch.tensor([[pad if row.finish_reason else row.ids[-1]] for row in rows])
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = forward_padded(model, new, mask, cache)[:, -1]
 """
 
 DROP_FINISHED_LOOP = """\
@@ -316,8 +362,8 @@ VARIANTS = [
     Variant("sdpa-additive-mask", "torch's scaled_dot_product_attention with an additive -1e9 mask, heads by view "
                                   "and permute, inference mode",
             cells={"forward_padded": SDPA_FORWARD}),
-    Variant("no-cache", "the whole padded batch run again at every step, no cache, another pad id",
-            edits=(Edit("generate_batch", LOOP, NO_CACHE_LOOP),)),
+    Variant("end-of-text-pad", "padded with end_of_text_id(tokenizer), a finished row fed the pad",
+            edits=(Edit("generate_batch", LOOP, END_OF_TEXT_PAD),)),
     Variant("drop-finished", "finished rows leave the batch: their cache rows and mask rows dropped",
             edits=(Edit("generate_batch", LOOP, DROP_FINISHED_LOOP),)),
 ]

@@ -11,7 +11,9 @@ real judge (``autograder.judge.RunJudge``) through the real wire; the grader's o
 cells' errors into the autograded notebook, scores and messages (``executed_outputs``, ``scoring.assemble``,
 ``scoring.cell_scores``). `tests/test_grading_batch.py` grades three submissions of every chapter through the real
 ``minigpt-grade`` as well, in one batch, and checks that both ways give the same scores and messages (the chapters'
-tests leave it their results of those four: ``share_warm``).
+tests leave it their results of those four: ``share_warm``). The reference's run also measures which arguments the
+hidden cases give each function the learner writes (``coverage``): every parameter given another value than its
+default and left out, or excused in the chapter's test file with its reason.
 
 A chapter's test file states what is its own and takes the rest from here, into its own namespace, so that each
 chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over the workers by file):
@@ -47,7 +49,7 @@ from autograder.run import (RunOutcome, blocked_modules, executed_outputs, judge
 
 from kernel_paths import OTHER, describe
 
-from . import Mutant, Variant, apply_edits, graded_notebook, learner_notebook, solution_ids
+from . import Mutant, Variant, apply_edits, coverage, graded_notebook, learner_notebook, solution_ids
 
 LIMITS = base.Limits()  # minigpt-grade's defaults: each cell's time limit, the whole notebook's
 KERNEL = Path(__file__).with_name("kernel.py")
@@ -327,11 +329,13 @@ def shared_warm(chapter: str, student: str) -> base.Result | None:
 # ---------------------------------------------------------------- a chapter's tests
 
 
-def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[str]) -> dict[str, Callable]:
+def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[str],
+                  not_covered: dict[str, str] | None = None) -> dict[str, Callable]:
     """The `graded` fixture and the tests of chapter module `ch`: the reference, the untouched notebook, every
-    mutant and every variant, each graded in the chapter's warm kernel. `test_cells` and `solution_cells` are the
-    grade ids the chapter's notebook must have, in order. The tests that grade are marked slow (seconds each, a
-    minute or more a chapter)."""
+    mutant and every variant, each graded in the chapter's warm kernel, and the parameters the hidden cases give
+    (``coverage``, measured on the reference's run). `test_cells` and `solution_cells` are the grade ids the chapter's
+    notebook must have, in order; `not_covered` excuses what the coverage finds ({"train(progress)": why}). The tests
+    that grade are marked slow (seconds each, a minute or more a chapter)."""
     chapter = ch.CHAPTER
     mutants = {m.key: m for m in ch.MUTANTS}
     variants = {v.key: v for v in ch.VARIANTS}
@@ -350,10 +354,14 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
             def get(case: str | Mutant | Variant) -> base.Result:
                 key = case if isinstance(case, str) else case.key
                 if key not in results:
-                    results[key] = judge_submission(kernel, key, submission(ch, case))
+                    # the reference's run also records the arguments the checks give (get.coverage)
+                    with (coverage.recording(chapter) if key == "reference" else contextlib.nullcontext()) as recorder:
+                        results[key] = judge_submission(kernel, key, submission(ch, case))
+                    get.coverage = recorder or get.coverage
                     if key in in_batch:
                         share_warm(chapter, in_batch[key], results[key])
                 return results[key]
+            get.coverage = None
             yield get
 
     @pytest.fixture(scope="module")
@@ -372,6 +380,13 @@ def chapter_tests(ch: ModuleType, test_cells: list[str], solution_cells: list[st
     @slow
     def test_untouched_notebook_gets_zero_and_says_what_is_not_written(graded):
         expect_untouched(graded("untouched"), test_cells)
+
+    @slow
+    def test_every_parameter_is_given_another_value_and_left_out(graded):
+        """Over the reference's run, each parameter of what the learner writes is given a value other than its
+        default, left out, and given each kind its annotation names (``coverage.findings``)."""
+        expect_reference(graded("reference"))
+        coverage.check(graded.coverage, not_covered or {})
 
     def test_the_solution_cells_are_the_ones_these_tests_know():
         assert solution_ids(chapter) == solution_cells

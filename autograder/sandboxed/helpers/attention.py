@@ -1,12 +1,12 @@
 """Helpers of chapter 3 (masked attention), run next to the learner's code: a call that reports whether it changed
-its tensor arguments in place (the caller's tensors are on that side), and a forward and backward pass whose
-gradients are computed there. No answers here: the judge computes those.
+its tensor arguments in place (the caller's tensors are on that side), a call that reports the devices it gave torch,
+and a forward and backward pass whose gradients are computed there. No answers here: the judge computes those.
 
 This runs where ``minigpt.attention`` cannot be imported: torch and the learner's objects only.
 """
 from __future__ import annotations
 
-__all__ = ["run", "gradients"]
+__all__ = ["run", "devices", "gradients"]
 
 
 def run(fn, *args, **kwargs):
@@ -18,6 +18,38 @@ def run(fn, *args, **kwargs):
     out = fn(*args, **kwargs)
     changed = [b is not None and not torch.equal(a, b) for a, b in zip(args, before)]
     return out, changed
+
+
+def devices(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), [the devices torch's functions were given while fn ran, as text, sorted])``: the
+    ``device=`` of a factory (``torch.ones(..., device=d)``) and the device of a ``.to(d)``. On a machine with only a
+    CPU the result is on the CPU whether or not fn passed its device on; what fn gave torch shows it."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    seen: set[str] = set()
+
+    def note(value) -> None:
+        if isinstance(value, torch.device):
+            seen.add(str(value))
+        elif isinstance(value, str):
+            try:
+                seen.add(str(torch.device(value)))
+            except RuntimeError:  # a string that names no device (an einsum's equation)
+                pass
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            note(kwargs.get("device"))
+            if func is torch.Tensor.to:
+                for value in args[1:]:
+                    note(value)
+            return func(*args, **kwargs)
+
+    with Watch():
+        out = fn(*args, **kwargs)
+    return out, sorted(seen)
 
 
 def gradients(fn, args: list, weight, pick=None, kwargs=None) -> dict:

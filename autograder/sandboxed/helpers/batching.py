@@ -2,7 +2,8 @@
 chapter 7 to hand to the learner's forward_padded, samplers of chapter 6 with their own seeds, the course's shipped
 model, and runs that must happen where the learner's objects are: a call that reports whether it changed its
 arguments, a generation turned into plain data. No answers here: the judge computes those. (The forward passes of
-a generation are counted by the judge, through a model whose head it serves: ``kv_cache.served_gpt``.)
+a generation are counted by the judge, through a model whose block 0 ``attn.c_attn`` it serves:
+``kv_cache.served_gpt``.)
 
 This runs where ``minigpt.batching`` cannot be imported: torch, the standard library, the course's reference of
 chapters 3 to 7 and the learner's objects only.

@@ -15,7 +15,7 @@ import torch
 
 from autograder.sandboxed.helpers.common import gpt2_encoding
 
-__all__ = ["gpt2_vocab", "gpt2_texts", "Scripted", "recording_gpt", "fed"]
+__all__ = ["gpt2_vocab", "gpt2_texts", "Scripted", "recording_gpt", "fed", "byte_tokenizer"]
 
 
 @functools.cache
@@ -76,3 +76,11 @@ def fed(model) -> list[int]:
     """The positions each run of ``recording_gpt``'s model read since the last ``fed``, in order."""
     read, model.positions_read[:] = list(model.positions_read), []
     return read
+
+
+def byte_tokenizer(vocab: list[bytes | None]):
+    """Chapter 1's ``Tokenizer`` for a vocabulary of single bytes (token i writes ``vocab[i]``; None: no text): a text
+    prompt becomes the ids of its bytes."""
+    from minigpt.tokens import Tokenizer
+
+    return Tokenizer({piece: i for i, piece in enumerate(vocab) if piece is not None})

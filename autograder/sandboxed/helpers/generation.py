@@ -15,7 +15,7 @@ import math
 
 import torch
 
-__all__ = ["seeded_gpt", "NotAModule", "listed", "generator_of", "drain", "Lowest", "Writer", "Scripted"]
+__all__ = ["seeded_gpt", "served_gpt", "NotAModule", "listed", "generator_of", "drain", "Lowest", "Writer", "Scripted"]
 
 
 def gpt2_weights(vocab_size: int, block_size: int, n_layer: int, n_embd: int, seed: int,
@@ -54,6 +54,14 @@ def seeded_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_em
     model.load_state_dict(state_dict_from_hf(gpt2_weights(vocab_size, block_size, n_layer, n_embd, seed,
                                                           init_range)))
     return model.eval()
+
+
+def served_gpt(service: int, module: str, **recipe):
+    """``seeded_gpt(**recipe)`` with its module ``module`` (a Linear: "h.0.attn.c_attn") served by the judge: every
+    forward pass of the model is a request the judge answers and counts (``kv_cache.serve_in``)."""
+    from autograder.sandboxed.helpers.kv_cache import serve_in
+
+    return serve_in(seeded_gpt(**recipe), service, module)
 
 
 class NotAModule:
@@ -128,8 +136,7 @@ class Writer:
 
 class Scripted(torch.nn.Module):
     """A model that writes a script: after the prompt and k tokens, its logits put ``script[k]`` on top (and at
-    earlier positions the token that followed them in the script), whatever the context says. ``calls`` counts
-    its forward passes."""
+    earlier positions the token that followed them in the script), whatever the context says."""
 
     FILLER = 30  # "?": what it predicts after the prompt's earlier positions
 
@@ -138,10 +145,9 @@ class Scripted(torch.nn.Module):
 
         super().__init__()
         self.config = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=1, n_head=1, n_embd=1)
-        self.prompt_len, self.script, self.calls = prompt_len, list(script), 0
+        self.prompt_len, self.script = prompt_len, list(script)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
         batch, t = idx.shape
         logits = torch.zeros(batch, t, self.config.vocab_size)
         for pos in range(t):

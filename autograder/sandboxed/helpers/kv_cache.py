@@ -71,9 +71,13 @@ class Served(torch.nn.Module):
 
 
 def served_gpt(service: int, module: str, **recipe):
-    """``seeded_gpt(**recipe)`` with its module ``module`` ("lm_head", "h.0.attn.c_attn"), a Linear, replaced by a
-    stand-in whose forward the judge computes (``Served``): its weights are not on this side."""
-    model = seeded_gpt(**recipe)
+    """``seeded_gpt(**recipe)`` with its module ``module`` ("lm_head", "h.0.attn.c_attn") served (``serve_in``)."""
+    return serve_in(seeded_gpt(**recipe), service, module)
+
+
+def serve_in(model, service: int, module: str):
+    """``model`` with its module ``module``, a Linear, replaced by a stand-in whose forward the judge computes
+    (``Served``): its weights are not on this side."""
     owner_name, _, name = module.rpartition(".")
     owner = model.get_submodule(owner_name)
     linear = getattr(owner, name)
