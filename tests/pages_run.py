@@ -24,14 +24,14 @@ from pathlib import Path
 import nbformat
 
 from coursekit import clocks
-from kernel_paths import describe
+from kernel_paths import OTHER, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(p for p in (ROOT / "book").glob("*.md") if p.stem != "intro")  # the chapters and the capstone
 TIMEOUT = 120  # a cell's limit, as the book build's (_config.yml: execute.timeout)
 # One thread, whatever a page asks for: one core of the suite's two is this worker's. Two threads here, beside the
 # suite's other worker on a 2-core machine, made the heaviest pages 3 to 6 times slower (chapter 7 took 490 s).
-PATH = ("default", 1)
+PATH = (OTHER[0], 1)  # OTHER's capability
 WHERE = "import torch as _torch\nprint(_torch.backends.cpu.get_cpu_capability(), _torch.get_num_threads())"
 
 

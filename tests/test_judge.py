@@ -439,3 +439,36 @@ def test_a_served_module_answers_only_during_a_request():
         twice_served(torch.zeros(1, 4))
     session = trusted.LocalSession(())
     assert "no request is pending" in session.serve({"serve": 0, "input": None})["refused"]
+
+
+@judge.cell("test_function_served", parts={"call": 1, "next request": 1})
+def _check_function_served(fn):
+    served = judge.serve_function(lambda done: done * 10)
+    with judge.part("call"):
+        fn()  # the learner's side calls it; a refusal is its WireError
+        assert served.calls == [3], f"the judge recorded {served.calls}"
+    with judge.part("next request"):
+        assert judge.is_instance(fn, "builtins.object")
+
+
+@pytest.mark.parametrize("how", ["local", "socket"])
+@pytest.mark.parametrize("argument, why", [
+    (3, None),  # answered by the judge, recorded there
+    ("3", "an argument that is str, not a number"),
+    (True, "an argument that is bool, not a number"),
+    (torch.tensor(3), "an argument that is torch.Tensor, not a number"),
+    ([3], "an argument that is list, not a number"),
+])
+def test_a_served_function_answers_numbers_and_refuses_anything_else(how, argument, why, tmp_path):
+    """Chapter 8's evaluate is the judge's (``serve_function``): what the learner's side sends it is recorded there
+    only when it is a number; anything else fails that request as the learner's error, and the session goes on."""
+    def call():
+        assert hidden.ask_judge(0, argument) == 30
+    verdict = judged(how, tmp_path, "test_function_served", call)
+    first, after = verdict.parts
+    if why is None:
+        assert first.passed, first.message
+    else:
+        assert not first.passed and first.message.startswith("WireError: the notebook's side sent the grader ")
+        assert why in first.message, first.message
+    assert after.passed, after.message
