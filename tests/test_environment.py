@@ -154,11 +154,13 @@ def test_requires_python_is_the_supported_range():
 
 def _uv_plan(python: str, requirements: list[str], file: Path, *options: str) -> dict[str, str] | str:
     """uv's resolution of ``requirements`` for CPython ``python`` on Linux x86-64, wheels only, as `make env`'s uv step
-    installs them on a fresh machine."""
+    installs them on a fresh machine. ``--python``: this interpreter runs uv's resolver (wheels only: nothing is
+    built); without it uv looks for a CPython ``python`` and, finding none, tries to download one (11 s here, where
+    that download fails)."""
     file.write_text("\n".join(requirements) + "\n")
     proc = subprocess.run([str(Path(sys.executable).with_name("uv")), "pip", "compile", "--quiet", "--no-header",
-                           "--no-annotate", "--python-version", python, "--python-platform", "x86_64-manylinux_2_28",
-                           "--only-binary", ":all:", *options, str(file)],
+                           "--no-annotate", "--python", sys.executable, "--python-version", python,
+                           "--python-platform", "x86_64-manylinux_2_28", "--only-binary", ":all:", *options, str(file)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     if proc.returncode:
         return proc.stderr[-3000:]
