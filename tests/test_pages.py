@@ -94,3 +94,28 @@ def test_two_timings_are_told_apart_only_beyond_their_spread():
     assert compared(slow, fast) == "slower than (it took 2.1 times as long as)"
     tight = [100, 100.1, 100.2, 100.3], [104, 104.1, 104.2, 104.3]
     assert compared(*tight) == "1.04 times as fast as"  # apart by more than their spread, however little
+
+
+def test_a_figure_carries_the_size_of_its_smallest_text():
+    """``coursekit.figures``: the smallest text of a figure (not an empty or a hidden one), written in the PNG that
+    IPython shows, in the PNG's pixels."""
+    import base64
+    import io
+
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from coursekit import figures
+
+    fig = Figure(figsize=figures.size(2), dpi=figures.DPI)
+    ax = fig.add_subplot()
+    ax.set_title("title", fontsize=12)
+    ax.tick_params(labelsize=7.5)
+    ax.text(0.5, 0.5, "", fontsize=4)
+    ax.text(0.5, 0.5, "hidden", fontsize=4, visible=False)
+    figures.png(fig)  # drawn: its ticks labelled
+    assert figures.smallest_text(fig) == 7.5
+    ax.text(0.5, 0.5, "smaller", fontsize=6)
+    with Image.open(io.BytesIO(base64.b64decode(figures.png(fig)))) as png:
+        png.load()  # reads every chunk, checking their CRCs
+        assert float(png.text[figures.TEXT_KEY]) == pytest.approx(6 * figures.DPI / 72, abs=0.01)

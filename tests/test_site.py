@@ -359,6 +359,38 @@ def test_nothing_is_cut_off_or_wider_than_the_text_column(layouts, page):
     assert not problems, f"{page}:\n" + "\n".join(problems)
 
 
+SMALLEST_TEXT = 9  # px: the least a figure's text may read as a page shows it
+
+
+def test_every_figure_fits_the_text_column_and_its_text_reads_9_px_or_more(layouts, site):
+    """At a laptop's and a phone's width no figure is wider than the page's text column, and each figure's smallest
+    text reads 9 px or more: its height in the PNG's own pixels (written in the PNG by coursekit.figures) times the
+    width the browser shows the figure at over the PNG's width."""
+    from PIL import Image
+
+    from coursekit.figures import TEXT_KEY
+
+    problems, seen = [], 0
+    for page, found in layouts.items():
+        for width, figures in found.get("figures", {}).items():
+            for src, natural, shown in figures["shown"]:
+                seen += 1
+                name = f"{page}, figure {src.rsplit('/', 1)[-1][:10]}...,"
+                if shown > figures["column"] + 0.5:
+                    problems.append(f"{name} at {width} px: {shown} px wide in a {figures['column']} px column")
+                with Image.open((site / page).parent / src) as png:
+                    text = png.text.get(TEXT_KEY)
+                if not natural:
+                    problems.append(f"{name} at {width} px: the browser could not show it")
+                elif text is None:
+                    problems.append(f"{name} has no {TEXT_KEY!r}: a page that draws figures calls figures.setup()")
+                elif float(text) * shown / natural < SMALLEST_TEXT:
+                    problems.append(f"{name} at {width} px: its smallest text reads {float(text) * shown / natural:.1f}"
+                                    f" px, under {SMALLEST_TEXT} (drawn {natural} px wide, shown {shown} px)")
+    assert seen >= len(CHAPTERS) * len(LAYOUT_WIDTHS), f"only {seen} figures found on the site's pages"
+    assert not problems, "\n".join(problems)
+
+
 def test_the_student_release_website_opens_the_release_on_binder(page_cache, tmp_path):
     """``make student-release``'s whole command: the book built with the release's repository, every Binder link
     (the exercise boxes', the theme's buttons on notebook pages) opening a notebook the release has, and a clean

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import coursekit
-from coursekit import export
+from coursekit import export, figures
 from coursekit.testing import describe_call, show
 from .testing import isolated, quiet_transformers
 
@@ -887,14 +887,17 @@ class Report(list):
         rows = []
         for r in self:
             mark, colour = _STYLE[r.status]
-            rows.append(f"<tr><td>{html.escape(r.piece)}</td><td>{r.chapter}</td>"
-                        f"<td style='color:{colour};white-space:nowrap'><b>{mark}</b> {r.status}</td>"
-                        f"<td style='text-align:left'>{html.escape(r.message)}</td></tr>")
+            rows.append(f"<tr><td data-label='piece'>{html.escape(r.piece)}</td>"
+                        f"<td data-label='chapter'>{r.chapter}</td>"
+                        f"<td data-label='status' style='color:{colour};white-space:nowrap'><b>{mark}</b> "
+                        f"{r.status}</td>"
+                        f"<td data-label='what the check found' style='text-align:left'>{html.escape(r.message)}</td>"
+                        "</tr>")
         head = "".join(f"<th style='text-align:left'>{h}</th>"
                        for h in ["piece", "chapter", "status", "what the check found"])
-        # min-width: on a phone the table scrolls sideways in its output box instead of squeezing its message
-        # column to a word a line
-        return f"<table style='min-width:34em'><tr>{head}</tr>{''.join(rows)}</table>"
+        # class reflow: on the book's pages at a phone's width each row is a block, each cell a line of it headed by
+        # its column's name (book/_theme/layout.css), instead of a message column squeezed to a word a line
+        return f"<table class='reflow'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 _WORST_FIRST = [CRASHED, DIFFERS, NOT_WRITTEN, WAITS, MATCHES]
@@ -927,35 +930,38 @@ def draw_pipeline(report: Report | None = None, prompt: str = PROMPT, model_dir:
         found = [status[p] for p in pieces if p in status]
         return _FILL[min(found, key=_WORST_FIRST.index) if found else None]
 
-    fig, ax = plt.subplots(figsize=(10, 3.0))
-    ax.set(xlim=(0, 11), ylim=(0.1, 3.2))
+    # Top to bottom, as narrow as a phone's screen (coursekit.figures): a box a piece, the shapes on the arrows.
+    fig = plt.figure(figsize=figures.size(5.6))
+    ax = fig.add_axes((0.025, 0, 0.95, 1), xlim=(-0.1, 10), ylim=(0.4, 14.4))  # savefig pads 0.1 inch around
     ax.axis("off")
-    arrow, y = dict(arrowstyle="->", color="#555"), 2.4  # the boxes' middle line
-    boxes = [(1.9, "tokenizer\nch. 1", ("tokenizer",)), (3.8, "embeddings\nch. 2", ("embeddings",)),
-             (5.8, f"{c.n_layer} blocks:\nattention ch. 3\n+ MLP ch. 4", ("attention", "transformer")),
-             (7.8, "ln_f, lm_head\nch. 4", ("transformer",)), (9.7, "sampler\nch. 6", ("samplers", "beam search"))]
-    for x, label, pieces in boxes:
-        ax.add_patch(FancyBboxPatch((x - 0.65, y - 0.45), 1.3, 0.9, boxstyle="round,pad=0.05", fc=fill(*pieces),
-                                    ec="#555"))
-        ax.text(x, y, label, ha="center", va="center", fontsize=8.5)
+    arrow, x = dict(arrowstyle="->", color="#555"), 4.3  # the boxes' middle line
+    boxes = [(12.1, "tokenizer, ch. 1", ("tokenizer",)), (10.1, "embeddings, ch. 2", ("embeddings",)),
+             (7.6, f"{c.n_layer} blocks:\nattention, ch. 3,\nand MLP, ch. 4", ("attention", "transformer")),
+             (5.0, "ln_f, lm_head, ch. 4", ("transformer",)), (3.0, "sampler, ch. 6", ("samplers", "beam search"))]
+    for y, label, pieces in boxes:
+        high = 0.5 + 0.35 * label.count("\n")
+        ax.add_patch(FancyBboxPatch((x - 2.4, y - high), 4.8, 2 * high, boxstyle="round,pad=0.05",
+                                    fc=fill(*pieces), ec="#555"))
+        ax.text(x, y, label, ha="center", va="center", fontsize=9)
     shapes = [f"{len(ids)} ids", f"(1, {len(ids)}, {c.n_embd})", f"(1, {len(ids)}, {c.n_embd})",
-              f"logits\n(1, {len(ids)}, {c.vocab_size:,})"]
-    for (x0, *_), (x1, *_), shape in zip(boxes, boxes[1:], shapes):
-        ax.annotate("", (x1 - 0.72, y), (x0 + 0.72, y), arrowprops=arrow)
-        ax.text((x0 + x1) / 2, y + 0.55, shape, ha="center", va="bottom", fontsize=7.5, color="#333")
-    ax.text(0.6, y + 0.55, "text", ha="center", va="bottom", fontsize=7.5, color="#333")
-    ax.text(0.6, y, f"{prompt!r}"[1:-1], ha="center", va="center", fontsize=8.5, family="monospace")
-    ax.annotate("", (1.18, y), (1.02, y), arrowprops=arrow)
-    ax.text(9.8, 1.15, f"next token\n{piece(next_id)!r}", ha="left", va="center", fontsize=7.5, color="#333")
+              f"logits (1, {len(ids)}, {c.vocab_size:,})"]
+    ends = [(y + 0.6 + 0.35 * label.count("\n"), y - 0.6 - 0.35 * label.count("\n")) for y, label, _ in boxes]
+    for (_, bottom), (top, _), shape in zip(ends, ends[1:], shapes):
+        ax.annotate("", (x, top), (x, bottom), arrowprops=arrow)
+        ax.text(x + 0.25, (top + bottom) / 2, shape, ha="left", va="center", fontsize=8, color="#333")
+    ax.text(x, 13.8, f"text: {prompt!r}"[:40], ha="center", va="center", fontsize=9, family="monospace")
+    ax.annotate("", (x, ends[0][0]), (x, 13.4), arrowprops=arrow)
+    ax.annotate("", (x, 1.6), (x, ends[-1][1]), arrowprops=arrow)
+    ax.text(x, 1.2, f"next token: {piece(next_id)!r}", ha="center", va="center", fontsize=9, color="#333")
     # The cache sits beside the blocks; the loop takes the chosen token back to the embeddings.
-    ax.add_patch(FancyBboxPatch((4.4, 0.8), 2.8, 0.6, boxstyle="round,pad=0.05", fc=fill("kv-cache"), ec="#555"))
-    ax.text(5.8, 1.1, f"KV cache, ch. 7: {c.n_layer} layers of keys and\nof values, each (1, {c.n_head}, T, "
-            f"{c.n_embd // c.n_head})", ha="center", va="center", fontsize=7.5)
-    ax.annotate("", (5.8, 1.47), (5.8, y - 0.52), arrowprops=dict(arrowstyle="<->", color="#555"))
-    ax.plot([9.7, 9.7, 3.8], [y - 0.52, 0.3, 0.3], color="#555", lw=1)
-    ax.annotate("", (3.8, y - 0.52), (3.8, 0.3), arrowprops=arrow)
-    ax.text(8.35, 0.3, "generation loop, ch. 5: append the token, run again", ha="center", va="center",
-            fontsize=7.5, bbox=dict(boxstyle="round,pad=0.3", fc=fill("generation loop"), ec="#555"))
+    ax.add_patch(FancyBboxPatch((7.55, 6.4), 2.35, 2.4, boxstyle="round,pad=0.05", fc=fill("kv-cache"), ec="#555"))
+    ax.text(8.72, 7.6, f"KV cache,\nch. 7: {c.n_layer} layers\nof keys and\nof values, each\n(1, {c.n_head}, T, "
+            f"{c.n_embd // c.n_head})", ha="center", va="center", fontsize=8)
+    ax.annotate("", (7.5, 7.6), (x + 2.47, 7.6), arrowprops=dict(arrowstyle="<->", color="#555"))
+    ax.plot([x - 2.47, 0.55, 0.55], [3.0, 3.0, 10.1], color="#555", lw=1)
+    ax.annotate("", (x - 2.47, 10.1), (0.55, 10.1), arrowprops=arrow)
+    ax.text(0.55, 6.55, "generation loop, ch. 5:\nappend the token, run again", ha="center", va="center",
+            rotation=90, fontsize=8, bbox=dict(boxstyle="round,pad=0.3", fc=fill("generation loop"), ec="#555"))
     plt.close(fig)  # shown once, as the value of the cell, not again by the inline backend
     return fig
 
@@ -1001,10 +1007,15 @@ class SideBySide:
                          f"all {len(col.ids)} tokens as Hugging Face's" if col.ids == hf.ids else
                          f"departs from Hugging Face at token {agree}")
         settings = ", ".join(f"{k}={v}" for k, v in self.settings.items())
-        cell = "<td style='vertical-align:top;text-align:left;font-family:monospace;font-size:85%;width:33%'>"
-        return (f"<table style='width:100%;min-width:34em'><tr>{''.join(f'<th>{html.escape(c.name)}</th>' for c in self.columns)}</tr>"
-                f"<tr>{''.join(cell + c + '</td>' for c in cells)}</tr>"
-                f"<tr>{''.join(f'<td><em>{n}</em></td>' for n in notes)}</tr></table>"
+        names = [html.escape(c.name, quote=True) for c in self.columns]
+        # one row, a column's note under its text; on the book's pages at a phone's width the columns stack, each
+        # headed by its name (class reflow: book/_theme/layout.css)
+        cell = "<td data-label=\"{}\" style='vertical-align:top;text-align:left'>"
+        return (f"<table class='reflow' style='width:100%;table-layout:fixed'>"
+                f"<thead><tr>{''.join(f'<th>{n}</th>' for n in names)}</tr></thead><tbody><tr>"
+                + "".join(cell.format(name) + f"<div style='font-family:monospace;font-size:85%'>{c}</div>"
+                          f"<em>{note}</em></td>" for name, c, note in zip(names, cells, notes))
+                + "</tr></tbody></table>"
                 f"<p style='font-size:85%'>seed {self.seed}, {settings}; tokens on red depart from Hugging Face's.</p>")
 
 
