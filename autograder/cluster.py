@@ -26,6 +26,7 @@ certificates (``tls://``); ``secure`` tells a plain ``tcp://`` address beyond th
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import uuid
@@ -81,11 +82,20 @@ def judge_on_worker(chapters: list[str], chapter: str, notebook: str, limits: di
     return judged(chapter, notebook, limits, sandboxed, max(1, share), checks, skip)
 
 
+def warm_worker(chapters: list[str]) -> None:
+    """Run on each worker as the grader connects (``Client.run``): its fork server starts loading torch, transformers
+    and the checks (about 10 s) while the grader still reads the class, as ``grade`` starts its own. What goes wrong
+    here is said by the worker's first notebook (``judge_on_worker``)."""
+    with contextlib.suppress(Exception):
+        fork_server(chapters)
+
+
 class ClusterPool:
     """The notebooks' runs as tasks of a Dask cluster: ``submit`` one, ``completed`` yields each as it ends, with a
-    function that gives its judge's message (or raises ``JudgeFailed``)."""
+    function that gives its judge's message (or raises ``JudgeFailed``). ``chapters``: those whose checks' answers
+    each worker's fork server computes ahead (``grade.shared_answers``)."""
 
-    def __init__(self, scheduler: str, sandboxed: bool):
+    def __init__(self, scheduler: str, sandboxed: bool, chapters: list[str] = ()):
         try:
             from distributed import Client
         except ImportError:  # pragma: no cover (a dependency of the course)
@@ -106,6 +116,7 @@ class ClusterPool:
             self.client.close()
             raise
         self.threads = threads_per_host(states)
+        self.client.run(warm_worker, list(chapters))  # (it starts the fork server, which loads on its own)
         self.futures = {}
         if not secure(scheduler):
             warn(f"the Dask scheduler at {scheduler} is reached over plain TCP: whoever can reach it can run code on "

@@ -183,7 +183,9 @@ def grade(submissions: list[Submission], course_root: Path, workdir: Path, *, jo
     if scheduler is not None:  # before anything else: a cluster that cannot grade is a usage error
         from autograder.cluster import ClusterPool
 
-        cluster = ClusterPool(scheduler, sandboxed)
+        # (its workers' fork servers start loading while the class is read, as the local one does in ``_grade``)
+        cluster = ClusterPool(scheduler, sandboxed,
+                              shared_answers([s.chapter for s in submissions if s.path is not None]))
     try:
         with terminal_logging():
             return _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, verbose, sandboxed,
@@ -201,9 +203,9 @@ def _grade(submissions, course_root, workdir, jobs, limits, fresh, progress, ver
             raise UsageError(f"{s.path} is inside the workspace {workdir}, where grading keeps its own files")
     chapters = sorted({s.chapter for s in submissions})
     if cluster is None and any(s.path is not None for s in submissions):
-        # The fork server loads torch, transformers and the checks (seconds) while nbgrader's steps and the intake
+        # The fork server loads torch and the batch's checks (seconds) while nbgrader's steps and the intake
         # run: it returns at once, and the first judge waits for it (one learner's course: 42-43 s -> 38-39 s)
-        fork_server(shared_answers([s.chapter for s in submissions if s.path is not None]))
+        fork_server(shared_answers([s.chapter for s in submissions if s.path is not None]), load=chapters)
     ws = Workspace(workdir, course_root)
     try:
         return _grade_in(ws, submissions, course_root, chapters, jobs, limits, fresh, progress, verbose, sandboxed,

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import importlib
 import logging
+import select
 import socket
 import sys
 import threading
@@ -693,6 +694,8 @@ class RunJudge:
         self._listener.bind(str(self.path))
         self._listener.listen(4)
         self._listener.settimeout(0.2)
+        # __exit__ wakes the serving thread through this pair at once (a timeout on accept cost each run 0.1 s)
+        self._wake, self._woken = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name=f"judge {self.path.parent.name}", daemon=True)
 
     def __enter__(self) -> "RunJudge":
@@ -702,7 +705,10 @@ class RunJudge:
     def __exit__(self, *exc) -> None:
         """After the run: serve what is still waiting (the executor's report may come in its last moment)."""
         self._stop.set()
+        self._wake.send(b"x")
         self._thread.join()
+        self._wake.close()
+        self._woken.close()
         self._listener.settimeout(0)
         with contextlib.suppress(OSError):
             while self._sessions < self._max_sessions:
@@ -719,6 +725,8 @@ class RunJudge:
         if torch is not None:  # this thread's OpenMP team as the process set it (run.py: one thread), not one
             torch.set_num_threads(torch.get_num_threads())  # per core, whose spinning costs ms a served call
         while not self._stop.is_set() and self._sessions < self._max_sessions:
+            if self._woken in select.select([self._listener, self._woken], [], [])[0]:
+                return  # __exit__ serves what is still waiting
             try:
                 self._accept_one()
             except TimeoutError:

@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import nbformat
@@ -136,24 +137,66 @@ def blocked_modules(chapter: str) -> list[str]:
 
 
 _context = None
+_starting = threading.Lock()  # (a cluster worker's threads, and its warm-up, may ask for it at once)
 WARM_ENV = "MINIGPT_WARM_CHAPTERS"  # the chapters whose checks' answers the fork server computes ahead (warm.py)
+LOAD_ENV = "MINIGPT_LOAD_CHAPTERS"  # the chapters whose checks it loads (warm.py): unset, every chapter's
 
 
-def fork_server(chapters=()):
+def fork_server(chapters=(), load=None):
     """The fork server's context, started once per grader process (the first batch starts it; later batches in the
     same process reuse it), with the answers that the checks of ``chapters`` compare every notebook with already
-    computed, so that no judge process computes them (``warm.py``)."""
+    computed, so that no judge process computes them (``warm.py``). ``load``: the chapters whose checks it loads
+    (the batch's: chapter 1's never need Hugging Face's transformers, 4 s of imports); None, every chapter's (a
+    cluster's worker grades one batch after another). A judge loads what its fork server lacks (``load_checks``)."""
     global _context
-    if _context is None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["autograder.warm"])
-        os.environ[WARM_ENV] = ",".join(chapters)  # the fork server's own environment; the judges get the grader's
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            del os.environ[WARM_ENV]
-        _context = context
+    with _starting:
+        if _context is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["autograder.warm"])
+            # the fork server's own environment; the judges get the grader's
+            added = {WARM_ENV: ",".join(chapters), **({} if load is None else {LOAD_ENV: ",".join(load)})}
+            os.environ.update(added)
+            try:
+                multiprocessing.forkserver.ensure_running()
+            finally:
+                for name in added:
+                    del os.environ[name]
+            _context = context
     return _context
+
+
+def load_checks(chapters) -> None:
+    """Import the checks of ``chapters`` (those of the course), and Hugging Face's models if any of their modules
+    mention transformers: at once, here, since its lazy imports race in a judge's threads."""
+    from autograder import judge
+    from minigpt import CHAPTERS
+
+    sources = []
+    for chapter in chapters:
+        if chapter in CHAPTERS:
+            judge.checks(chapter)
+            sources.append(Path(sys.modules[f"autograder.checks.{CHAPTERS[chapter]}"].__file__).read_text())
+    if any("transformers" in source for source in sources):
+        import transformers
+
+        transformers.GPT2LMHeadModel  # noqa: B018 (it loads its parts lazily: load the ones the checks use)
+
+
+def warm_ups(chapters) -> list:
+    """The ``warm_up`` of each of ``chapters`` whose checks have one, for the fork server (``warm.py``): the chapter's
+    own module's, not that of every module ``judge.checks`` lists (the cells of every chapter loaded so far, whose
+    warm-ups, 23 s for chapters 9 and 10, a batch of other chapters never uses)."""
+    from autograder import judge
+    from minigpt import CHAPTERS
+
+    found = []
+    for chapter in chapters:
+        if chapter in CHAPTERS:
+            judge.checks(chapter)
+            module = sys.modules[f"autograder.checks.{CHAPTERS[chapter]}"]
+            if hasattr(module, "warm_up"):
+                found.append(module.warm_up)
+    return found
 
 
 def run_one(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int = 1,
@@ -250,6 +293,7 @@ def _judge_process(sender, chapter: str, notebook: str, limits: dict, sandboxed:
             os.environ.update(grader["environ"])
             for module in grader["checks"]:
                 importlib.import_module(module)
+            load_checks([chapter])  # what its fork server did not load (a later batch's chapter), before any thread
             soft, hard = resource.getrlimit(resource.RLIMIT_AS)
             cap = _address_space() + JUDGE_MEMORY
             if hard == resource.RLIM_INFINITY or cap < hard:

@@ -12,7 +12,7 @@ from nbgrader.preprocessors import Execute
 
 from autograder import base, intake
 from autograder.sandboxed import execute
-from autograder.run import judged_cells, skipped_when_graded
+from autograder.run import judged_cells, skipped_when_graded, warm_ups
 from submissions import graded_notebook, learner_notebook
 
 # Traits of Execute that may differ from nbclient's defaults without the executor copying them: the ones the
@@ -87,3 +87,16 @@ def test_a_graded_run_skips_the_closing_demos_and_nothing_a_score_depends_on():
             nb.cells.append(nbformat.v4.new_code_cell("print('my own cell')"))  # added by the learner: it runs
             assert skipped_when_graded(nb, release) == skipped[chapter][:-1], chapter
     assert all(skipped[chapter] for chapter in ("06-samplers", "08-training", "09-constrained")), skipped
+
+
+def test_the_fork_server_computes_ahead_the_answers_of_the_batchs_chapters_only():
+    """``run.warm_ups``, once every chapter's checks are loaded (as in the fork server, ``warm.py``): a chapter's own
+    checks' warm_up (chapters 9 and 10: 23 s), none for a chapter whose checks have none."""
+    from autograder import judge
+    from autograder.checks import batching, constrained
+    from minigpt import CHAPTERS
+
+    for chapter in CHAPTERS:
+        judge.checks(chapter)
+    assert warm_ups(["01-tokens", "08-training"]) == []
+    assert warm_ups(["10-batching", "09-constrained", "11-capstone"]) == [batching.warm_up, constrained.warm_up]
