@@ -35,6 +35,17 @@ def mutant(tmp_path, module: str, old: str, new: str):
     return capstone.import_package(package)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def oracle_keeps_logits():
+    """Hugging Face's logits kept from one compare to the next: each package here runs the windows the others ran
+    (Oracle.keep_logits)."""
+    o = capstone.oracle()
+    o.keep_logits = 1 << 30
+    yield
+    o.keep_logits = 0
+    o.logits.clear()
+
+
 @pytest.fixture(scope="module")
 def reference_as_learner(tmp_path_factory):
     return capstone.import_package(exported(tmp_path_factory.mktemp("reference")))

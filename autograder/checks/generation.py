@@ -109,8 +109,15 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def _hf_logits(hf, window: list[int], pos: int = -1) -> torch.Tensor:
+    """Hugging Face's logits at ``pos`` after ``window``: a copy of those computed once for each model, window and
+    position in this process (every notebook's check asks the same, and the known mistakes are replayed on them)."""
+    return _hf_logits_once(hf, tuple(window), pos).clone()
+
+
+@once
+def _hf_logits_once(hf, window: tuple[int, ...], pos: int) -> torch.Tensor:
     with torch.no_grad():
-        return hf(torch.tensor([window])).logits[0, pos]
+        return hf(torch.tensor([list(window)])).logits[0, pos].clone()
 
 
 def hf_generate(hf, prompt: list[int], n: int, eos_ids=()) -> list[int]:

@@ -56,7 +56,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import Shape, gap
+from autograder.checks import Shape, gap, once
 from autograder.sandboxed.helpers import kv_cache as recipes
 from autograder.judge import (LearnerError, Remote, Served, ask, because_of, cell, learner_side, make, part, seeded,
                               serve, type_of)
@@ -130,9 +130,15 @@ def _ids(shape: tuple[int, ...], vocab: int, seed: int) -> torch.Tensor:
 
 
 def _plain_last(model, ids: list[int]) -> torch.Tensor:
-    """The uncached model's next-token logits after ``ids`` (a window that fits)."""
+    """The uncached model's next-token logits after ``ids`` (a window that fits): a copy of those computed once for
+    each model and ids in this process (every notebook's check asks the same)."""
+    return _plain_last_once(model, tuple(ids)).clone()
+
+
+@once
+def _plain_last_once(model, ids: tuple[int, ...]) -> torch.Tensor:
     with torch.no_grad():
-        return model(torch.tensor([ids]))[0, -1]
+        return model(torch.tensor([list(ids)]))[0, -1].clone()
 
 
 # ---------------------------------------------------------------- the known mistakes, made on purpose
@@ -921,13 +927,13 @@ def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
     block = model.config.block_size
     n = 3 * block
     label = f"<GPT with block_size={block}>, a prompt of {len(prompt)} ids, {n} new tokens"
-    want = list(token_stream(model, prompt, n))
+    want = _plain_stream(model, prompt, n)
     cm = _wrap(CachedModel, theirs, model.config, "CachedModel")
     got = call(ask, "kv_cache.stream", cm, prompt, n, label=f"token_stream(CachedModel({label}))")
     if got != want:
         fail(f"greedy token_stream with CachedModel({label}) gave {show(got)}; without the cache {show(want)}",
              _also(_first_difference(got, want, len(prompt), block), because))
-    want = list(token_stream(model, other, n))
+    want = _plain_stream(model, other, n)
     got = call(ask, "kv_cache.stream", cm, other, n, label="token_stream(<the same CachedModel>, another prompt)")
     if got != want:
         fail(f"greedy token_stream with the same CachedModel on a second prompt gave {show(got)}; without the cache "
@@ -935,7 +941,7 @@ def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
                                     "whose ids[:-1] it holds exactly", because))
     for seed in (3, 4):
         sampler = dict(do_sample=True, seed=seed, top_k=20)  # its own generator, seeded: the same draws on both sides
-        want = list(token_stream(model, prompt, n, choose=Sampler(**sampler)))
+        want = _plain_stream(model, prompt, n, sampler)
         got = call(lambda: ask("kv_cache.stream", CachedModel(theirs.model), prompt, n, sampler),
                    label="token_stream(CachedModel(...), choose=Sampler(do_sample=True, ...))")
         if got != want:
@@ -943,7 +949,7 @@ def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
                  f"{show(got)}; without the cache {show(want)}",
                  _also(_first_difference(got, want, len(prompt), block), because))
     for num_beams, steps, entries in ((3, block - len(prompt), 16), (2, block, 16), (3, 6, 2)):
-        want = beam_search(model, prompt, steps, num_beams=num_beams)
+        want = _plain_beams(model, prompt, steps, num_beams)
         label = f"beam_search(CachedModel(<GPT>, max_entries={entries}), <{len(prompt)} ids>, {steps}, " \
                 f"num_beams={num_beams})"
         got = call(lambda: ask("kv_cache.beams", CachedModel(theirs.model, max_entries=entries), prompt, steps,
@@ -953,6 +959,28 @@ def _check_loops(CachedModel, model, theirs, prompt, other, because) -> None:
             fail(f"{label} gave {show(got)}; without the cache {show(want)}",
                  _also("beams: each beam must continue the cache of its own history (the cache follows the beams "
                        "as they are reordered); when the cache of ids[:-1] is gone, prefill", because))
+
+
+def _plain_stream(model, prompt: list[int], n: int, sampler: dict | None = None) -> list[int]:
+    """Chapter 5's token_stream of the plain ``model`` (``sampler``: the settings of the seeded Sampler that chooses),
+    computed once for each case in this process: every notebook's check asks the same."""
+    return list(_plain_stream_once(model, tuple(prompt), n, tuple(sorted((sampler or {}).items()))))
+
+
+@once
+def _plain_stream_once(model, prompt: tuple[int, ...], n: int, sampler: tuple) -> tuple[int, ...]:
+    choose = {"choose": Sampler(**dict(sampler))} if sampler else {}
+    return tuple(token_stream(model, list(prompt), n, **choose))
+
+
+@once
+def _plain_beams_once(model, prompt: tuple[int, ...], steps: int, num_beams: int) -> tuple[int, ...]:
+    return tuple(beam_search(model, list(prompt), steps, num_beams=num_beams))
+
+
+def _plain_beams(model, prompt: list[int], steps: int, num_beams: int) -> list[int]:
+    """Chapter 6's beam_search of the plain ``model``, computed once for each case in this process."""
+    return list(_plain_beams_once(model, tuple(prompt), steps, num_beams))
 
 
 def _first_difference(got, want, prompt_len, block) -> str:

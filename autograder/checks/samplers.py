@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 
 import torch
 # Here, not in the checks: transformers' lazy imports race in a judge's threads.
@@ -374,8 +375,9 @@ def _nucleus_is_clear(row: torch.Tensor, p: float) -> bool:
 
 
 def _clear_rows(pool: torch.Tensor, p: float, n: int, is_clear) -> torch.Tensor:
-    """The first n rows of the pool whose cut at p is clear of float rounding (is_clear(row, p))."""
-    rows = [r for r in pool if is_clear(r, p)][:n]
+    """The first n rows of the pool whose cut at p is clear of float rounding (is_clear(row, p)); the rows after them
+    are not looked at."""
+    rows = list(itertools.islice((r for r in pool if is_clear(r, p)), n))
     assert len(rows) == n, f"the pool has fewer than {n} rows with a clear cut at p={p}"
     return torch.stack(rows)
 

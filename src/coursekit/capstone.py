@@ -102,6 +102,11 @@ class Oracle:
     enc: object  # tiktoken.Encoding
     text: list[int]  # a page of a play the model never trained on: a full window and a little more
     generated: dict = dataclasses.field(default_factory=dict, repr=False)  # the oracle's generations, computed once
+    # Bytes of Hugging Face's logits that HFModel may keep, for the same ids asked again: each package compared runs
+    # the windows the last one ran (a full window's logits, 51 MB, take a quarter of a second). None kept unless
+    # asked: a learner compares one package at a time; the course's tests compare a dozen.
+    keep_logits: int = 0
+    logits: dict = dataclasses.field(default_factory=dict, repr=False)  # (last_only, the ids) -> what HFModel gave
 
     @property
     def config(self):
@@ -136,12 +141,16 @@ class Oracle:
             return "?"
 
 
-@functools.cache
 def oracle(model_dir: str | Path | None = None) -> Oracle:
-    """The oracles for the GPT-2 folder ``model_dir`` (the course's model by default), loaded once."""
+    """The oracles for the GPT-2 folder ``model_dir`` (the course's model by default), loaded once for each folder
+    (``oracle()`` and ``oracle(None)`` are one)."""
+    return _oracle(Path(model_dir or coursekit.shipped_model_dir()).resolve())
+
+
+@functools.cache
+def _oracle(folder: Path) -> Oracle:
     from transformers import GPT2LMHeadModel
 
-    folder = Path(model_dir or coursekit.shipped_model_dir())
     with quiet_transformers():
         # The course's checkpoint is float16 on disk; minigpt computes in float32, so Hugging Face must too.
         hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).eval()
@@ -151,19 +160,32 @@ def oracle(model_dir: str | Path | None = None) -> Oracle:
 
 
 class HFModel(torch.nn.Module):
-    """Hugging Face's model dressed as a minigpt GPT (``model(idx)`` gives logits, ``model.config.block_size``),
-    so that your loop, samplers and beam search can be checked on numbers that do not come from your model."""
+    """The oracle's Hugging Face model dressed as a minigpt GPT (``model(idx)`` gives logits,
+    ``model.config.block_size``), so that your loop, samplers and beam search can be checked on numbers that do not
+    come from your model. Logits it gave for the same ids are given again, a copy (``Oracle.keep_logits``)."""
 
-    def __init__(self, hf: torch.nn.Module, last_only: bool = False):
+    def __init__(self, o: Oracle, last_only: bool = False):
         super().__init__()
-        self.hf, self.last_only = hf, last_only  # last_only: the oracle's own loops need no other position
-        c = hf.config
+        self.o, self.hf = o, o.hf
+        self.last_only = last_only  # the oracle's own loops need no other position
+        c = o.hf.config
         self.config = SimpleNamespace(vocab_size=c.vocab_size, block_size=c.n_positions, n_layer=c.n_layer,
                                       n_head=c.n_head, n_embd=c.n_embd)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.hf(idx, use_cache=False, logits_to_keep=1 if self.last_only else 0).logits
+        o = self.o
+        key = None
+        if o.keep_logits and isinstance(idx, torch.Tensor) and idx.device.type == "cpu" and \
+                idx.dtype in (torch.int64, torch.int32) and not idx.requires_grad:
+            key = (self.last_only, str(idx.dtype), tuple(idx.shape), idx.numpy().tobytes())
+        logits = o.logits.get(key) if key else None
+        if logits is None:
+            with torch.no_grad():
+                logits = self.hf(idx, use_cache=False, logits_to_keep=1 if self.last_only else 0).logits
+            if key is None or sum(t.nbytes for t in o.logits.values()) + logits.nbytes > o.keep_logits:
+                return logits
+            o.logits[key] = logits
+        return logits.clone()  # yours to change: the kept ones stay as Hugging Face gave them
 
 
 def hf_generate(o: Oracle, prompt: list[int], n: int, seed: int | None = None, **settings) -> list[int]:
@@ -187,7 +209,7 @@ def hf_drive(o: Oracle, prompt: list[int], n: int) -> list[int]:
     """``drive`` with Hugging Face's model, greedy: the same answer for every package compared with this oracle."""
     key = ("drive", tuple(prompt), n)
     if key not in o.generated:
-        o.generated[key] = drive(HFModel(o.hf, last_only=True), prompt, n)
+        o.generated[key] = drive(HFModel(o, last_only=True), prompt, n)
     return list(o.generated[key])
 
 
@@ -434,7 +456,7 @@ def check_transformer(probe: Probe, o: Oracle) -> str:
 
 
 def check_generation(probe: Probe, o: Oracle) -> str:
-    generation, model = probe.module("generation"), HFModel(o.hf)
+    generation, model = probe.module("generation"), HFModel(o)
     prompt, n = o.window[:PROMPT_TOKENS], NEW_TOKENS
     call = f"generate(model, tiktoken, prompt, {n})"
     want = hf_generate(o, prompt, n, do_sample=False)
@@ -484,7 +506,7 @@ def check_samplers(probe: Probe, o: Oracle) -> str:
     shown = ", ".join(f"{k}={v}" for k, v in settings.items())
     choose = probe.call(samplers.Sampler, do_sample=True, seed=0, **settings)
     call = f"Sampler(do_sample=True, {shown}, seed=0) choosing {NEW_TOKENS} tokens"
-    got = probe.call(drive, HFModel(o.hf, last_only=True), o.window[:PROMPT_TOKENS], NEW_TOKENS, choose,
+    got = probe.call(drive, HFModel(o, last_only=True), o.window[:PROMPT_TOKENS], NEW_TOKENS, choose,
                      o.enc.eot_token, label=call)
     want = hf_generate(o, o.window[:PROMPT_TOKENS], NEW_TOKENS, 0, do_sample=True, **settings)
     try:
@@ -515,7 +537,7 @@ def check_beam_search(probe: Probe, o: Oracle) -> str:
     ends = [o.enc.eot_token, o.enc.encode("\n")[0]]  # a line break ends a hypothesis too: some end early
     call = f"beam_search(model, prompt, {NEW_TOKENS}, num_beams=3, length_penalty=1.0, eos_ids=[eot, newline])"
     want = hf_generate(o, prompt, NEW_TOKENS, do_sample=False, num_beams=3, length_penalty=1.0, eos_token_id=ends)
-    got = probe.call(samplers.beam_search, HFModel(o.hf), prompt, NEW_TOKENS, 3, 1.0, ends, label=call)
+    got = probe.call(samplers.beam_search, HFModel(o), prompt, NEW_TOKENS, 3, 1.0, ends, label=call)
     same_ids(got, _until_end(want, set(ends)), call, "Hugging Face's generate(num_beams=3)", o)
     return "the best of 3 beams equals Hugging Face's beam search, with hypotheses that end early"
 
@@ -709,7 +731,7 @@ def check_constrained(probe: Probe, o: Oracle) -> str:
         raise AssertionError(f"the oracle wrote {text!r}, which {CONSTRAINED_PATTERN!r} does not match")
     call = f"constrained_generate(model, tokenizer, {CONSTRAINED_PROMPT!r}, Constraint.regex(...), 12, " \
            "use_cache=False)"
-    out = probe.call(constrained.constrained_generate, HFModel(o.hf), o.enc, prompt, constraint, 12, use_cache=False,
+    out = probe.call(constrained.constrained_generate, HFModel(o), o.enc, prompt, constraint, 12, use_cache=False,
                      label=call)
     same_ids(getattr(out, "ids", out), want, call, "Hugging Face's generate, masked by prefix_allowed_tokens_fn", o)
     return "the vocabulary is tiktoken's bytes, masks allow exactly the tokens that keep the bytes a prefix of an " \
@@ -1037,11 +1059,21 @@ def generate_side_by_side(package: ModuleType, prompt: str = PROMPT, max_new_tok
     o = oracle(model_dir)
     reference, why = reference_package()
     columns = [_package_column(name, package, o, prompt, max_new_tokens, seed, settings),
-               _package_column("the course's reference", reference, o, prompt, max_new_tokens, seed, settings)
+               _reference_column(reference, o, prompt, max_new_tokens, seed, settings)
                if reference else Column("the course's reference", None, why)]
     ids = hf_generate(o, o.enc.encode(prompt, allowed_special="all"), max_new_tokens, seed, do_sample=True, **settings)
     columns.append(Column("Hugging Face", ids, o.enc.decode([t for t in ids if t != o.enc.eot_token])))
     return SideBySide(prompt, seed, settings, columns, o.piece)
+
+
+def _reference_column(reference: ModuleType, o: Oracle, prompt: str, n: int, seed: int, settings: dict) -> Column:
+    """The course's reference package's column, written once for each prompt, length, seed and settings with this
+    oracle: the same beside every package."""
+    key = ("reference column", reference.__file__, prompt, n, seed, repr(sorted(settings.items())))
+    if key not in o.generated:
+        o.generated[key] = _package_column("the course's reference", reference, o, prompt, n, seed, settings)
+    column = o.generated[key]
+    return Column(column.name, None if column.ids is None else list(column.ids), column.text)
 
 
 def _package_column(name: str, package: ModuleType, o: Oracle, prompt: str, n: int, seed: int,

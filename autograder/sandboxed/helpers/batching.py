@@ -11,6 +11,7 @@ chapters 3 to 7 and the learner's objects only.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
@@ -41,11 +42,20 @@ def sampler(**settings):
 
 
 def shipped_gpt():
-    """The course's shipped model (chapter 8 trained it), as chapter 4's GPT, in eval mode."""
+    """The course's shipped model (chapter 8 trained it), as chapter 4's GPT, in eval mode: a copy of its own for each
+    caller (the learner's code may change it), of a model read once in this process."""
+    return copy.deepcopy(_shipped_gpt())
+
+
+@functools.cache
+def _shipped_gpt():
+    """Read with torch's random state given back, as every helper's model is built: GPT's initializer draws the 13
+    million numbers of its token table before the weights are loaded (half a second, and the caller's stream)."""
     import coursekit
     from minigpt.transformer import GPT
 
-    return GPT.from_pretrained(coursekit.shipped_model_dir()).eval()
+    with torch.random.fork_rng(devices=[]):
+        return GPT.from_pretrained(coursekit.shipped_model_dir()).eval()
 
 
 def generations(fn, *args, **kwargs):
