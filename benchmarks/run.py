@@ -10,7 +10,8 @@ benchmark: batches of 1 to 16), with torch's default number of threads. Where tw
 turns within each round (interleaved) and the tables print the median round and the spread, with the machine's
 load average: a shared machine is slower at times, and a fair comparison slows both sides alike. Figures computed
 rather than measured say "estimated".
-``--quick`` runs them on a tiny random model instead, in seconds: a smoke test of the code, not a measurement.
+``--quick`` runs them on a tiny random model instead (bpe: on a smaller text), in seconds: a smoke test of the code,
+not a measurement.
 """
 from __future__ import annotations
 
@@ -79,18 +80,24 @@ def _random_letters(n: int) -> str:
     return "".join(rng.choice(string.ascii_letters) for _ in range(n))
 
 
-def bench_bpe(repeat: int) -> list[str]:
+BPE_QUICK = (("sonnets",), 100_000, 20_000)  # --quick: the works encoded, the bytes of the two single pieces
+
+
+def bench_bpe(repeat: int, quick: bool = False) -> list[str]:
     """The teaching BPE (minigpt.tokens, pure Python) against tiktoken (Rust): the whole corpus, and single pieces
-    of a million or 200,000 bytes, where a quadratic merge never finishes."""
+    of a million or 200,000 bytes, where a quadratic merge never finishes (--quick: the sonnets, and pieces of
+    100,000 and 20,000 bytes)."""
     import statistics
 
     import coursekit
     from minigpt.tokens import GPT2_SPECIAL_TOKENS, Tokenizer, load_gpt2_ranks
 
+    works, n_x, n_letters = BPE_QUICK if quick else (None, 1_000_000, 200_000)
     load = load_average()
     ranks = load_gpt2_ranks()
     enc = coursekit.gpt2_encoding()
-    corpus = coursekit.shakespeare()
+    corpus = coursekit.shakespeare(works)
+    what = "Shakespeare corpus" if works is None else f"Shakespeare: {', '.join(works)}"
     mb = len(corpus.encode("utf-8")) / 1e6
     warm = Tokenizer(ranks, GPT2_SPECIAL_TOKENS)
     warm.encode_ordinary(corpus)  # its piece cache filled
@@ -106,14 +113,14 @@ def bench_bpe(repeat: int) -> list[str]:
         return lambda: lambda: enc.encode_ordinary(text)
 
     # (input, text, {encoder: contender}, target for minigpt's cold run: (most seconds, most times tiktoken's))
-    xs, letters = "x" * 1_000_000, _random_letters(200_000)
+    xs, letters = "x" * n_x, _random_letters(n_letters)
     cases = [
-        (f"Shakespeare corpus, {mb:.2f} MB", corpus,
+        (f"{what}, {mb:.2f} MB", corpus,
          {"tiktoken (Rust)": theirs(corpus), "minigpt teaching BPE, cold": ours(corpus),
           "minigpt teaching BPE, warm cache": ours(corpus, warm)}, (None, 1 / 0.8)),
-        ('"x" * 1,000,000: one piece', xs,
+        (f'"x" * {n_x:,}: one piece', xs,
          {"tiktoken (Rust)": theirs(xs), "minigpt teaching BPE, cold": ours(xs)}, (5.0, 10.0)),
-        ("200,000 random letters, no space: one piece", letters,
+        (f"{n_letters:,} random letters, no space: one piece", letters,
          {"tiktoken (Rust)": theirs(letters), "minigpt teaching BPE, cold": ours(letters)}, (5.0, 10.0)),
     ]
     rows = [f"Each time is the median of {repeat} rounds, min-max beside it; within a round the encoders take turns "
@@ -609,7 +616,7 @@ def bench_batching(repeat: int, quick: bool = False) -> list[str]:
 
 BENCHMARKS = {"bpe": bench_bpe, "kv-cache": bench_kv_cache, "generate": bench_generate,
               "bandwidth": bench_bandwidth, "constrained": bench_constrained, "batching": bench_batching}
-QUICK = {"kv-cache", "generate", "bandwidth", "constrained", "batching"}  # the benchmarks --quick shrinks
+QUICK = {"bpe", "kv-cache", "generate", "bandwidth", "constrained", "batching"}  # the benchmarks --quick shrinks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -619,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs per measurement; the fastest counts (bpe: rounds, interleaved; the median counts)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"run {sorted(QUICK)} on a tiny random model: a smoke test, not a measurement")
+                        help=f"run {sorted(QUICK)} on a tiny random model (bpe: on a smaller text): a smoke test, "
+                             "not a measurement")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(BENCHMARKS))
     if unknown:

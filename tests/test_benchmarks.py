@@ -1,4 +1,5 @@
 """The benchmark entry point runs and checks equality before it times anything (speed is printed, not tested)."""
+import re
 import subprocess
 import sys
 
@@ -6,23 +7,33 @@ import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["bpe", "kv-cache", "generate", "bandwidth", "batching", "constrained"]
 
 
-def test_bpe_benchmark_prints_a_table():
-    out = subprocess.run([sys.executable, "benchmarks/run.py", "bpe", "--repeat", "1"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def quick() -> dict[str, str]:
+    """Every benchmark with --quick, in one run (torch and transformers imported once, not once a benchmark): {name:
+    its section of the output, from its "## name:" title}. --quick: a smoke test of the code that `make bench` runs
+    on the real models and the whole corpus; the numbers are not looked at."""
+    out = subprocess.run([sys.executable, "benchmarks/run.py", *QUICK, "--quick", "--repeat", "1", "--threads", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "identical ids: True" in out.stdout
-    assert "| tiktoken (Rust) |" in out.stdout and "minigpt teaching BPE, cold" in out.stdout
+    assert "Traceback" not in out.stderr
+    titles = list(re.finditer(r"^## ([\w-]+): ", out.stdout, re.M))
+    assert [t[1] for t in titles] == QUICK, out.stdout
+    ends = [t.start() for t in titles[1:]] + [len(out.stdout)]
+    return {t[1]: out.stdout[t.start():end] for t, end in zip(titles, ends)}
 
 
-def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
-    """--quick: the KV-cache, generate and bandwidth benchmarks on a tiny random model (a smoke test of the code
-    that `make bench` runs on the real models; the numbers are not looked at)."""
-    out = subprocess.run([sys.executable, "benchmarks/run.py", "kv-cache", "generate", "bandwidth", "--quick",
-                          "--repeat", "1", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    text = out.stdout
+def test_bpe_benchmark_prints_a_table(quick):
+    text = quick["bpe"]
+    assert "identical ids: True" in text
+    assert "| tiktoken (Rust) |" in text and "minigpt teaching BPE, cold" in text
+
+
+def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model(quick):
+    """The KV-cache, generate and bandwidth benchmarks on a tiny random model."""
+    text = quick["kv-cache"] + quick["generate"] + quick["bandwidth"]
     for title in ("## kv-cache:", "## generate:", "## bandwidth:"):
         assert text.count(title) == 1, title
     assert "| position | with cache (ms) | without (ms) | without / with | with StaticKVCache (ms) |" in text
@@ -41,16 +52,12 @@ def test_kv_cache_benchmarks_print_tables_with_equal_outputs_on_a_tiny_model():
     assert hf_row.count("|") == 20  # a cell in each column, FastGPT's and its int8's ms per token among them
     bandwidth = [line for line in text.splitlines() if line.startswith("| tiny random GPT |")]
     assert all(line.count("|") == 13 for line in bandwidth)  # the int8 step, its bytes and its share too
-    assert "Traceback" not in out.stderr
 
 
-def test_batching_benchmark_prints_a_table_with_equal_ids_on_a_tiny_model():
-    """--quick: chapter 10's generate_batch against Hugging Face's generate, batches of 1 and 2 of a tiny random
-    model (a smoke test of the code that `make bench` runs on the real models at batches of 1 to 16)."""
-    out = subprocess.run([sys.executable, "benchmarks/run.py", "batching", "--quick", "--repeat", "1",
-                          "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    text = out.stdout
+def test_batching_benchmark_prints_a_table_with_equal_ids_on_a_tiny_model(quick):
+    """Chapter 10's generate_batch against Hugging Face's generate, batches of 1 and 2 of a tiny random model (`make
+    bench` runs batches of 1 to 16 of the real models)."""
+    text = quick["batching"]
     assert text.count("## batching:") == 1 and "### tiny random GPT" in text
     assert "both in float32" in text and "(interleaved" in text and "take turns" in text
     assert text.count("load average") == 2
@@ -62,7 +69,6 @@ def test_batching_benchmark_prints_a_table_with_equal_ids_on_a_tiny_model():
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert len(cells) == 15 and cells[-1] == "True"  # the same greedy ids as Hugging Face's, every row
         assert cells[5].endswith("x") and float(cells[11]) > 0 and float(cells[12]) > 0  # a ratio, ms, MiB
-    assert "Traceback" not in out.stderr
 
 
 def test_unknown_benchmark_is_a_clear_error():
@@ -85,12 +91,10 @@ def test_class_grading_benchmark_prints_a_row_for_each_way():
     assert "Dask, 1 worker of one notebook at a time" in rows[1]
 
 
-def test_constrained_benchmark_checks_the_masks_equal_and_prints_a_table():
-    """--quick: the decode step of a tiny random model; the masks are GPT-2's whole vocabulary either way."""
-    out = subprocess.run([sys.executable, "benchmarks/run.py", "constrained", "--quick", "--repeat", "1",
-                          "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+def test_constrained_benchmark_checks_the_masks_equal_and_prints_a_table(quick):
+    """The decode step of a tiny random model; the masks are GPT-2's whole vocabulary either way."""
+    text = quick["constrained"]
     header = "| state | allowed tokens | plain: regex per token (ms) | trie walk (ms) | a step: looked up (ms) |"
-    assert header in out.stdout
-    assert "The masks of all 523 states at once (all_masks, part of the build)" in out.stdout
-    assert "| strict (inside an enum) | 2 |" in out.stdout and "| free (inside the string) |" in out.stdout
+    assert header in text
+    assert "The masks of all 523 states at once (all_masks, part of the build)" in text
+    assert "| strict (inside an enum) | 2 |" in text and "| free (inside the string) |" in text

@@ -417,7 +417,8 @@ def test_cli_streams_the_shipped_model(shipped, enc):
     """Greedy (--temperature 0): the text of generate, arriving while the command still writes."""
     model, _ = shipped
     prompt = "Romeo.\n"
-    proc = subprocess.Popen([CLI, prompt, "--max-new-tokens", "80", "--temperature", "0"], stdout=subprocess.PIPE,
+    # (32 tokens: some 100 characters, the first 20 of them written while it still computes the rest)
+    proc = subprocess.Popen([CLI, prompt, "--max-new-tokens", "32", "--temperature", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=CLI_ENV)
     seen = b""
     while len(seen) <= len(prompt) + 20:
@@ -429,7 +430,7 @@ def test_cli_streams_the_shipped_model(shipped, enc):
     assert proc.returncode == 0, err.decode()
     assert still_running, "the text came out only when the command ended"
     text = (seen + out).decode()
-    want = generate(model, enc, prompt, 80)
+    want = generate(model, enc, prompt, 32)
     assert text == prompt + want.text
     assert f"finish_reason={want.finish_reason}]" in err.decode() and "seed=" not in err.decode()
 

@@ -3,10 +3,13 @@ tmp course.
 
 The demo chapter `99-demo` asks for `add(a, b)`: a visible test, a hidden test whose check is registered for
 the judge in a module outside the notebook (as the course's are in `autograder.checks`), and a one-point
-visible test. Grading runs twice: the instructor solution alone, then a class folder with a correct,
-an untouched, a wrong and a corrupt submission.
+visible test. The instructor solution is graded alone first; then a class folder, each of whose students is the case of
+a test (right, untouched, wrong, not a notebook, a judge that dies, the grader's own failures, a sandbox that does not
+start, exchange receipts...), is graded twice in the same workspace: one batch for all of them, nbgrader's start-up
+paid once a run (``class_runs``).
 """
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -14,6 +17,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -102,10 +106,12 @@ def learner_copy(released: Path, body: str) -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """A course root with one chapter; its check lives in a module on the path, loaded with --checks."""
+    """A course root with two chapters, 98-early (open while the class is first graded) and 99-demo, the same
+    notebook; its check lives in a module on the path, loaded with --checks."""
     root = tmp_path_factory.mktemp("course")
-    (root / "solutions" / CHAPTER).mkdir(parents=True)
-    nbformat.write(demo_notebook(), root / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
+    for ch in (EARLY, CHAPTER):
+        (root / "solutions" / ch).mkdir(parents=True)
+        nbformat.write(demo_notebook(), root / "solutions" / ch / f"{ch}.ipynb")
     (root / "checks").mkdir()
     (root / "checks" / "demo_checks.py").write_text(CHECKS)
     mp = pytest.MonkeyPatch()
@@ -130,23 +136,159 @@ def solution_run(course):
     return code, json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def class_run(course, solution_run):
-    """A class folder in both layouts: correct, untouched release, wrong answer, not a notebook."""
+# The class graded by `class_runs`: {student: the body of add, or what is handed in instead}. Each student is the case
+# of one test, which reads that student's rows alone.
+CLASS = {
+    "ada": "return a + b\n",  # right (flat layout)
+    "ben": "release",  # the untouched release (<student>/<chapter>/<chapter>.ipynb)
+    "cy": "return abs(a) + abs(b)\n",  # wrong: loses test_add
+    "dee": "not a notebook",
+    "redo": "return a + b\n",  # right, then wrong in the second run
+    "dies": "return -1234 if (a, b) == (-2, 5) else a + b\n",  # its judge kills itself on this answer
+    # a grader that raises, or never ends, at one step of one notebook (first run only: ``fenced``)
+    "fence-intake": "return a + b  # fence-intake\n",
+    "fence-scoring": "return a + b  # fence-scoring\n",
+    "fence-intake-spin": "return a + b  # fence-intake-spin\n",
+    "fence-scoring-spin": "return a + b  # fence-scoring-spin\n",
+    "restart": "return a + b  # restart-me\n",  # whose sandbox's first starts fail (``late_bwrap``)
+}
+EARLY = "98-early"
+# Exchange receipts beside a right notebook, as `nbgrader collect` leaves them (<student>/<chapter>/): {student:
+# {file: its bytes; "good" or "new": a valid secret of its own; "private": a link to a file only the instructor may
+# read; None: a pipe}}.
+WHEN = b"2026-11-20 10:00:00.000000 UTC"
+RECEIPTS = {
+    "good": {"timestamp.txt": WHEN, "submission_secret.txt": "good"},
+    "linked": {"timestamp.txt": WHEN, "submission_secret.txt": "private"},
+    "binary": {"timestamp.txt": b"next tuesday", "submission_secret.txt": b"\xff\xfe" * 64},
+    "huge": {"timestamp.txt": WHEN, "submission_secret.txt": b"a" * 10_000_000},
+    "pipe": {"timestamp.txt": WHEN, "submission_secret.txt": None},
+    "none": {},
+    # times nbgrader can read: far ahead, far back and a day of this month are not taken; an offset is
+    "future": {"timestamp.txt": b"9999-12-31 23:59:59.999999 UTC", "submission_secret.txt": "new"},
+    "ancient": {"timestamp.txt": b"0001-01-01 00:00:00 UTC", "submission_secret.txt": "new"},
+    "day-only": {"timestamp.txt": b"1", "submission_secret.txt": "new"},
+    "offset": {"timestamp.txt": b"2026-11-20 10:00:00 +14:00", "submission_secret.txt": "new"},
+}
+
+
+@dataclasses.dataclass
+class ClassRun:
+    code: int
+    rows: dict  # {student: its row of --json}
+    table: str
+    starts: int  # how many times "restart"'s sandbox was started
+    pages: set  # the students with a feedback page of 99-demo after the run
+    index: dict  # {student: the text of feedback/<student>/index.html after the run}
+
+
+def write_class(course: Path, class_dir: Path, private: Path) -> dict[str, bytes]:
+    """``CLASS`` and ``RECEIPTS`` handed in under ``class_dir``; {student: the secret of its receipt, where it wrote a
+    valid one}."""
+    import secrets
+
     released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-    class_dir = course / "class"
-    for student in ("ada", "ben", "cy", "dee"):
+    for student, body in CLASS.items():
         (class_dir / student).mkdir(parents=True)
-    nbformat.write(learner_copy(released, "return a + b\n"), class_dir / "ada" / f"{CHAPTER}.ipynb")
-    (class_dir / "ben" / CHAPTER).mkdir()
-    shutil.copyfile(released, class_dir / "ben" / CHAPTER / f"{CHAPTER}.ipynb")
-    nbformat.write(learner_copy(released, "return abs(a) + abs(b)\n"), class_dir / "cy" / f"{CHAPTER}.ipynb")
-    (class_dir / "dee" / f"{CHAPTER}.ipynb").write_text('{"cells": [ truncated')
-    out = course / "class.json"
-    with contextlib.redirect_stdout(io.StringIO()) as table:
-        code = grade.main(["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks",
-                           "--json", str(out)])
-    return code, {r["student"]: r for r in json.loads(out.read_text())["results"]}, table.getvalue()
+        path = class_dir / student / f"{CHAPTER}.ipynb"
+        if body == "release":
+            path = class_dir / student / CHAPTER / f"{CHAPTER}.ipynb"
+            path.parent.mkdir()
+            shutil.copyfile(released, path)
+        elif body == "not a notebook":
+            path.write_text('{"cells": [ truncated')
+        else:
+            nbformat.write(learner_copy(released, body), path)
+    private.write_text(secrets.token_hex(64))  # a valid secret: kept if the link were followed
+    private.chmod(0o600)
+    kept = {}
+    for student, files in RECEIPTS.items():
+        folder = class_dir / student / CHAPTER
+        folder.mkdir(parents=True)
+        nbformat.write(learner_copy(released, "return a + b\n"), folder / f"{CHAPTER}.ipynb")
+        for name, content in files.items():
+            if content is None:
+                os.mkfifo(folder / name)
+            elif content == "private":
+                (folder / name).symlink_to(private)
+            else:
+                if content in ("good", "new"):
+                    content = kept[student] = secrets.token_hex(64).encode()
+                (folder / name).write_bytes(content)
+    return kept
+
+
+def fenced(nb, step: str) -> None:
+    """The grader's own failures, met at ``step`` ("intake" or "scoring") of a notebook marked for it."""
+    if any(f"# fence-{step}-spin" in c.source for c in nb.cells):
+        while True:  # a step that never ends
+            pass
+    if any(f"# fence-{step}\n" in c.source for c in nb.cells):
+        raise RuntimeError(f"a bug met at {step}")
+
+
+def late_bwrap(folder: Path) -> Path:
+    """A folder holding a `bwrap` that fails the first starts (as many as ``folder/failing`` says) of the executor in
+    the sandbox of a notebook marked ``# restart-me``, by naming a module that does not exist in its place (nothing
+    runs), and counts them in ``folder/starts``; any other sandbox starts as it would."""
+    bwrap = shutil.which("bwrap")
+    (folder / "bin").mkdir()
+    (folder / "bin" / "bwrap").write_text(f"""#!/bin/bash
+marked=no
+for a in "$@"; do [ -f "$a/{CHAPTER}.ipynb" ] && grep -q restart-me "$a/{CHAPTER}.ipynb" && marked=yes; done
+if [ $marked = yes ] && printf '%s\\n' "$@" | grep -qx autograder.sandboxed.execute; then
+  n=$(( $(cat {folder}/starts 2>/dev/null || echo 0) + 1 )); echo $n > {folder}/starts
+  if [ $n -le $(cat {folder}/failing) ]; then
+    args=(); for a in "$@"; do [ "$a" = autograder.sandboxed.execute ] && a=autograder.no_such_module; args+=("$a"); done
+    exec {bwrap} "${{args[@]}}"
+  fi
+fi
+exec {bwrap} "$@"
+""")
+    (folder / "bin" / "bwrap").chmod(0o755)
+    return folder / "bin"
+
+
+@pytest.fixture(scope="module")
+def class_runs(course, solution_run, tmp_path_factory):
+    """One class folder (``CLASS`` and ``RECEIPTS``, both layouts) graded twice in the course's workspace, after the
+    loose notebook (``solution_run``): one batch for many cases, nbgrader's start-up paid once a run. The first run
+    grades while 98-early is open, through a `bwrap` that fails "restart"'s first two starts, and with the grader
+    failing at a step of the "fence-" students (a step limit of 3 s, ``grade.STEP_SECONDS``). The second grades the same
+    folder again: 98-early closed, one failed start of "restart" left, no fences, and "redo"'s notebook changed to a
+    wrong one. ``runs``: (the first ``ClassRun``, the second); ``args``: the command line of both; ``private``: the
+    instructor's file "linked" links to; ``secrets``: ``write_class``'s."""
+    work = tmp_path_factory.mktemp("class-runs")
+    class_dir, private = course / "class", work / "instructor-only.txt"
+    secrets_kept = write_class(course, class_dir, private)
+    fake = late_bwrap(work)
+    out = work / "results.json"
+    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--json", str(out)]
+    workdir = course / ".grading"
+
+    def run(*more: str) -> ClassRun:
+        with contextlib.redirect_stdout(io.StringIO()) as table:
+            code = grade.main([*args, *more])
+        starts = int((work / "starts").read_text()) if (work / "starts").exists() else 0
+        return ClassRun(code, {r["student"]: r for r in json.loads(out.read_text())["results"]}, table.getvalue(),
+                        starts, {p.parts[-3] for p in workdir.glob(f"feedback/*/{CHAPTER}/{CHAPTER}.html")},
+                        {p.parent.name: p.read_text() for p in workdir.glob("feedback/*/index.html")})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+        (work / "failing").write_text("2")
+        with pytest.MonkeyPatch.context() as fences:
+            fences.setattr(grade, "STEP_SECONDS", 3.0)
+            review_notes, assemble = grade.review_notes, grade.assemble
+            fences.setattr(grade, "review_notes", lambda nb, *a: fenced(nb, "intake") or review_notes(nb, *a))
+            fences.setattr(grade, "assemble", lambda nb, r: fenced(nb, "scoring") or assemble(nb, r))
+            first = run("--open", EARLY)
+        (work / "starts").unlink()
+        (work / "failing").write_text("1")
+        released = workdir / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+        nbformat.write(learner_copy(released, "return abs(a) + abs(b)\n"), class_dir / "redo" / f"{CHAPTER}.ipynb")
+        second = run()
+    return SimpleNamespace(runs=(first, second), args=args, private=private, secrets=secrets_kept)
 
 
 @pytest.mark.slow
@@ -165,10 +307,12 @@ def test_solution_scores_full_marks_without_touching_the_course(course, solution
 
 
 @pytest.mark.slow
-def test_class_folder_is_graded_per_student(class_run):
-    code, results, _ = class_run
-    assert code == 0
-    assert {s: (r["status"], r["score"], r["max_score"]) for s, r in results.items()} == {
+def test_class_folder_is_graded_per_student(class_runs):
+    first = class_runs.runs[0]
+    assert first.code == 0
+    assert set(first.rows) == set(CLASS) | set(RECEIPTS)
+    assert {s: (first.rows[s]["status"], first.rows[s]["score"], first.rows[s]["max_score"])
+            for s in ("ada", "ben", "cy", "dee")} == {
         "ada": ("graded", 3, 3),
         "ben": ("graded", 0, 3),
         "cy": ("graded", 1, 3),
@@ -177,8 +321,8 @@ def test_class_folder_is_graded_per_student(class_run):
 
 
 @pytest.mark.slow
-def test_untouched_release_loses_every_test_with_its_error(class_run):
-    _, results, _ = class_run
+def test_untouched_release_loses_every_test_with_its_error(class_runs):
+    results = class_runs.runs[0].rows
     assert [(lp["grade_id"], lp["score"], lp["message"]) for lp in results["ben"]["lost"]] == [
         ("test_add", 0, 'NotImplementedError (cell test_add, line 1: `assert add(1, 2) == 3, "add(1, 2) should be 3"`)'),
         ("test_add_floats", 0, "NotImplementedError (cell test_add_floats, line 1: "
@@ -187,9 +331,8 @@ def test_untouched_release_loses_every_test_with_its_error(class_run):
 
 
 @pytest.mark.slow
-def test_wrong_answer_reports_the_checks_message_not_the_hidden_source(class_run):
-    _, results, _ = class_run
-    [lost] = results["cy"]["lost"]
+def test_wrong_answer_reports_the_checks_message_not_the_hidden_source(class_runs):
+    [lost] = class_runs.runs[0].rows["cy"]["lost"]
     assert lost["grade_id"] == "test_add"
     assert lost["message"] == (
         "AssertionError: add(-2, 5) returned 7, expected 3: negative numbers add like any other"
@@ -197,20 +340,25 @@ def test_wrong_answer_reports_the_checks_message_not_the_hidden_source(class_run
 
 
 @pytest.mark.slow
-def test_corrupt_submission_gets_a_clear_status(class_run):
-    _, results, _ = class_run
+def test_corrupt_submission_gets_a_clear_status(class_runs):
+    results = class_runs.runs[0].rows
     assert results["dee"]["detail"].startswith("not a notebook (")
     assert results["dee"]["submission"].endswith(f"dee/{CHAPTER}.ipynb")
 
 
+def table_row(table: str, student: str) -> str:
+    """The line of the table that starts with ``student``'s row (its lost points follow it, indented)."""
+    [line] = [line for line in table.splitlines() if line.split()[:1] == [student]]
+    return line
+
+
 @pytest.mark.slow
-def test_table_shows_scores_and_lost_points(class_run):
-    _, _, table = class_run
-    lines = table.splitlines()
-    assert lines[0].split() == ["student", "chapter", "score"]
-    assert any(line.split()[:4] == ["cy", CHAPTER, "1", "/"] for line in lines)
+def test_table_shows_scores_and_lost_points(class_runs):
+    table = class_runs.runs[0].table
+    assert table.splitlines()[0].split() == ["student", "chapter", "score"]
+    assert table_row(table, "cy").split()[:4] == ["cy", CHAPTER, "1", "/"]
     assert "    test_add (0 / 2): AssertionError: add(-2, 5) returned 7, expected 3" in table
-    assert "dee" in table and "unreadable: not a notebook" in table
+    assert "unreadable: not a notebook" in table_row(table, "dee")
     assert "check_add(" not in table and "check(" not in table
 
 
@@ -376,7 +524,7 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
     import subprocess
     import time
 
-    n = 4
+    n = 3
     class_dir = _class_of(course, n, "class-resume")
     workdir = tmp_path / "workspace"
     args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
@@ -427,23 +575,6 @@ def test_a_killed_batch_resumes_and_grades_everything_once(course, solution_run,
     assert len((workdir / "grades.csv").read_text().splitlines()) == 1 + n
 
 
-@pytest.mark.slow
-def test_a_changed_submission_is_graded_again(course, solution_run, tmp_path):
-    class_dir = _class_of(course, 1, "class-change")
-    workdir = tmp_path / "workspace"
-    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
-            str(workdir), "--quiet"]
-    out = tmp_path / "r.json"
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert grade.main([*args, "--json", str(out)]) == 0
-        released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-        nbformat.write(learner_copy(released, "return abs(a) + abs(b)\n"), class_dir / "s00" / f"{CHAPTER}.ipynb")
-        assert grade.main([*args, "--json", str(out)]) == 0
-    [r] = json.loads(out.read_text())["results"]
-    assert (r["score"], r["reused"]) == (1, False)
-    assert _gradebook_rows(workdir) == [("s00", 1.0)]
-
-
 def test_the_capstone_is_not_offered_for_grading(capsys):
     """11-capstone has no graded cells: a class folder holding it gets no rows of 0 points for it."""
     assert "11-capstone" in intake.course_chapters(ROOT)
@@ -463,139 +594,6 @@ def test_limits_on_the_command_line(course, capsys):
         with pytest.raises(SystemExit) as exit_:
             grade.main([str(learner), "--course-root", str(course), flag, value])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_a_judge_process_that_dies_costs_its_notebook_alone(course, solution_run, tmp_path):
-    class_dir = _class_of(course, 2, "class-judge-dies")
-    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-    nbformat.write(learner_copy(released, "return -1234 if (a, b) == (-2, 5) else a + b\n"), class_dir / "s01" / f"{CHAPTER}.ipynb")
-    out = tmp_path / "r.json"
-    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
-            str(tmp_path / "ws"), "--quiet", "--json", str(out)]
-    for run in (1, 2):
-        with contextlib.redirect_stdout(io.StringIO()) as table:
-            assert grade.main(args) == 0
-        rows = {r["student"]: r for r in json.loads(out.read_text())["results"]}
-        assert (rows["s00"]["status"], rows["s00"]["score"], rows["s00"]["reused"]) == ("graded", 3, run == 2)
-        assert (rows["s01"]["status"], rows["s01"]["reused"]) == ("error", False), rows["s01"]
-        assert rows["s01"]["detail"] == "its judge stopped: the judge process was killed (signal 9)"
-        assert "s01      99-demo  - / 3  error: its judge stopped" in table.getvalue()
-    assert (tmp_path / "ws" / "feedback" / "s00" / CHAPTER / f"{CHAPTER}.html").is_file()
-
-
-@pytest.mark.slow
-def test_whatever_the_grader_raises_on_one_notebook_is_that_notebooks_row(course, solution_run, tmp_path,
-                                                                         monkeypatch):
-    """A fence per submission: an exception in the intake of one notebook, or in the scoring of another, is that
-    notebook's `error` row naming the step (and graded again on the next run), never the batch's; so is a step that
-    does not end (here, one that would spin for ever in the intake of a third notebook, and in the scoring of a
-    fourth): stopped at the step's time limit (``grade.STEP_SECONDS``, 3 s here)."""
-    class_dir = _class_of(course, 5, "class-fenced")
-    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-    for student, mark in (("s01", "intake"), ("s02", "scoring"), ("s03", "intake-spin"), ("s04", "scoring-spin")):
-        nbformat.write(learner_copy(released, f"return a + b  # fence-{mark}\n"),
-                       class_dir / student / f"{CHAPTER}.ipynb")
-
-    def marked(nb, mark):
-        if any(f"# fence-{mark}-spin" in c.source for c in nb.cells):
-            while True:  # a step that never ends
-                pass
-        if any(f"# fence-{mark}\n" in c.source for c in nb.cells):
-            raise RuntimeError(f"a bug met at {mark}")
-
-    monkeypatch.setattr(grade, "STEP_SECONDS", 3.0)
-
-    review_notes, assemble = grade.review_notes, grade.assemble
-    monkeypatch.setattr(grade, "review_notes", lambda nb, *args: marked(nb, "intake") or review_notes(nb, *args))
-    monkeypatch.setattr(grade, "assemble", lambda nb, run: marked(nb, "scoring") or assemble(nb, run))
-    out = tmp_path / "r.json"
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert grade.main(["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks",
-                           "--workdir", str(tmp_path / "ws"), "--quiet", "--json", str(out)]) == 0
-    rows = {r["student"]: r for r in json.loads(out.read_text())["results"]}
-    assert (rows["s00"]["status"], rows["s00"]["score"]) == ("graded", 3)
-    for student, step in (("s01", "intake"), ("s02", "scoring")):
-        assert (rows[student]["status"], rows[student]["detail"]) == \
-            ("error", f"the grader failed at its {step} (RuntimeError; see the grader's log)"), rows[student]
-    for student, step in (("s03", "intake"), ("s04", "scoring")):
-        assert (rows[student]["status"], rows[student]["detail"]) == \
-            ("error", f"the grader stopped its {step} after 3 s (see the grader's log)"), rows[student]
-
-
-@pytest.mark.slow
-def test_feedback_waits_while_an_earlier_chapter_is_open(course, solution_run, tmp_path):
-    """A chapter's sandbox holds the reference of the chapters before it: with one of them still open, the
-    notebook is graded but its feedback (which shows whatever it printed) is not written until it closes."""
-    root = tmp_path / "course"
-    for ch in ("98-early", CHAPTER):
-        (root / "solutions" / ch).mkdir(parents=True)
-        shutil.copyfile(course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb", root / "solutions" / ch / f"{ch}.ipynb")
-    class_dir = _class_of(course, 1, "class-open")
-    out, ws = tmp_path / "r.json", tmp_path / "ws"
-    args = ["--class", str(class_dir), "--course-root", str(root), "--checks", "demo_checks", "--workdir", str(ws),
-            "--quiet", "--json", str(out)]
-    with contextlib.redirect_stdout(io.StringIO()) as table:
-        assert grade.main([*args, "--open", "98-early"]) == 0
-    [r] = json.loads(out.read_text())["results"]
-    assert (r["status"], r["score"], r["withheld"], r["feedback"]) == \
-        ("graded", 3, "feedback withheld while 98-early is open", None)
-    assert "feedback withheld while 98-early is open" in table.getvalue()
-    assert not (ws / "feedback" / "s00" / CHAPTER).exists()
-    assert "feedback withheld while 98-early is open" in (ws / "feedback" / "s00" / "index.html").read_text()
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert grade.main(args) == 0
-    [r] = json.loads(out.read_text())["results"]
-    assert (r["reused"], r["withheld"]) == (True, "")
-    assert r["feedback"] and Path(r["feedback"]).is_file()
-    assert grade.main([*args, "--open", "no-such-chapter"]) == 2
-
-
-@pytest.mark.slow
-def test_a_kernel_that_does_not_start_is_started_again(course, solution_run, tmp_path, monkeypatch):
-    """A run in which no cell ran is no fault of the learner's: it runs once more. A sandbox that cannot start
-    at all gets an error row with the run's log kept, and the next batch tries that submission again instead of
-    reusing the error. (The notebook runs in a judge process of its own, so the fault is a `bwrap` first on PATH
-    whose first starts run a module that does not exist: nothing runs.)"""
-    bwrap = shutil.which("bwrap")
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "bwrap").write_text(f"""#!/bin/bash
-if printf '%s\\n' "$@" | grep -qx autograder.sandboxed.execute; then
-  n=$(( $(cat {tmp_path}/starts 2>/dev/null || echo 0) + 1 )); echo $n > {tmp_path}/starts
-  if [ $n -le $(cat {tmp_path}/failing) ]; then
-    args=(); for a in "$@"; do [ "$a" = autograder.sandboxed.execute ] && a=autograder.no_such_module; args+=("$a"); done
-    exec {bwrap} "${{args[@]}}"
-  fi
-fi
-exec {bwrap} "$@"
-""")
-    (fake / "bwrap").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-
-    def starts() -> int:
-        return int((tmp_path / "starts").read_text()) if (tmp_path / "starts").exists() else 0
-
-    class_dir = _class_of(course, 1, "class-restart")
-    out = tmp_path / "results.json"
-    args = ["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks", "--workdir",
-            str(tmp_path / "ws"), "--quiet", "--json", str(out)]
-    (tmp_path / "failing").write_text("2")
-    with contextlib.redirect_stdout(io.StringIO()) as table:
-        assert grade.main(args) == 0
-    [r] = json.loads(out.read_text())["results"]
-    assert (starts(), r["status"]) == (2, "error"), r
-    assert "did not start" in r["detail"]
-    assert "No module named autograder.no_such_module" in Path(r["log"]).read_text()
-    assert f"log: {r['log']}" in table.getvalue()
-
-    (tmp_path / "starts").unlink()
-    (tmp_path / "failing").write_text("1")
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert grade.main(args) == 0
-    [r] = json.loads(out.read_text())["results"]
-    assert (starts(), r["status"], r["score"], r["reused"]) == (2, "graded", 3, False), r
 
 
 def test_without_bubblewrap_grading_refuses_unless_asked_not_to_isolate(course, capsys, monkeypatch):
@@ -618,13 +616,14 @@ def test_a_dask_scheduler_that_cannot_grade_is_a_usage_error(course, capsys, mon
     from autograder import cluster
 
     learner = course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
-    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", 2)
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", 0.5)  # waited out in full: nothing answers
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     code, _, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-dask",
                              "--scheduler", f"tcp://127.0.0.1:{port}")
     assert code == 2 and f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in err, err
+    monkeypatch.undo()
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                       host="127.0.0.1") as daemonic:
         code, _, err = run_grade(capsys, learner, "--course-root", course, "--workdir", course / "ws-dask",
@@ -731,18 +730,6 @@ def test_plain_nbgrader_grades_in_the_trusted_setting(tmp_path):
     assert any("returned [b'ab', b'c'], expected [b'a', b'bc']" in text for text in said), said
 
 
-@pytest.mark.slow
-def test_reports_hold_every_result_of_the_workspace(course, solution_run, class_run):
-    """The loose notebook graded first and the class graded after it share the workspace: grades.csv and the
-    learners' pages hold both, whatever the last run graded."""
-    import csv
-
-    rows = list(csv.DictReader((course / ".grading" / "grades.csv").open()))
-    assert sorted(r["student"] for r in rows) == ["ada", "ben", "cy", "dee", "you"]
-    page = (course / ".grading" / "feedback" / "you" / "index.html").read_text()
-    assert CHAPTER in page and "3 / 3" in page
-
-
 def test_review_notes_flag_nothing_in_right_answers():
     """No false alarms: the reference answers of every chapter get no review note, and the different-but-correct
     answers none but the oracle's, where they call it (chapter 2's with torch's F.one_hot or F.embedding: full
@@ -813,8 +800,109 @@ def test_a_notebook_too_long_to_read_for_oracles_is_noted(monkeypatch):
         f"not read for oracles: {size:,} characters of code (read it yourself)"]
 
 
+# ---------------------------------------------------------------------------------------------------
+# The class graded twice (``class_runs``): each test reads its own students' rows
+
+
 @pytest.mark.slow
-def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is_released(course, solution_run,
+def test_a_changed_submission_is_graded_again(course, class_runs):
+    first, second = class_runs.runs
+    assert (first.rows["redo"]["score"], second.rows["redo"]["score"], second.rows["redo"]["reused"]) == (3, 1, False)
+    assert [row for row in _gradebook_rows(course / ".grading") if row[0] == "redo"] == [("redo", 1.0)]
+
+
+@pytest.mark.slow
+def test_unchanged_submissions_are_not_graded_again_unless_their_row_was_an_error(class_runs):
+    first, second = class_runs.runs
+    assert not any(r["reused"] for r in first.rows.values())
+    errors = {s for s, r in first.rows.items() if r["status"] == "error"}
+    assert errors == {"dies", "restart", "fence-intake", "fence-scoring", "fence-intake-spin", "fence-scoring-spin"}
+    assert {s for s, r in second.rows.items() if not r["reused"]} == errors | {"redo"}
+
+
+@pytest.mark.slow
+def test_a_judge_process_that_dies_costs_its_notebook_alone(course, class_runs):
+    for run, again in zip(class_runs.runs, (False, True)):
+        rows = run.rows
+        assert (rows["ada"]["status"], rows["ada"]["score"], rows["ada"]["reused"]) == ("graded", 3, again)
+        assert (rows["dies"]["status"], rows["dies"]["reused"]) == ("error", False), rows["dies"]
+        assert rows["dies"]["detail"] == "its judge stopped: the judge process was killed (signal 9)"
+        assert table_row(run.table, "dies").split()[:6] == ["dies", CHAPTER, "-", "/", "3", "error:"]
+        assert "error: its judge stopped" in table_row(run.table, "dies")
+    assert "ada" in class_runs.runs[1].pages  # made in the batch in which "dies"'s judge died again
+
+
+@pytest.mark.slow
+def test_whatever_the_grader_raises_on_one_notebook_is_that_notebooks_row(class_runs):
+    """A fence per submission: an exception in the intake of one notebook, or in the scoring of another, is that
+    notebook's `error` row naming the step, never the batch's; so is a step that does not end (here, one that would
+    spin for ever in the intake of a third notebook, and in the scoring of a fourth): stopped at the step's time limit
+    (``grade.STEP_SECONDS``, 3 s here). The next run grades each of them again (the grader's fault is gone then)."""
+    first, second = class_runs.runs
+    assert (first.rows["ada"]["status"], first.rows["ada"]["score"]) == ("graded", 3)
+    for step in ("intake", "scoring"):
+        row = first.rows[f"fence-{step}"]
+        assert (row["status"], row["detail"]) == \
+            ("error", f"the grader failed at its {step} (RuntimeError; see the grader's log)"), row
+        row = first.rows[f"fence-{step}-spin"]
+        assert (row["status"], row["detail"]) == \
+            ("error", f"the grader stopped its {step} after 3 s (see the grader's log)"), row
+    for student in ("fence-intake", "fence-scoring", "fence-intake-spin", "fence-scoring-spin"):
+        row = second.rows[student]
+        assert (row["status"], row["score"], row["reused"]) == ("graded", 3, False), row
+
+
+@pytest.mark.slow
+def test_feedback_waits_while_an_earlier_chapter_is_open(course, class_runs):
+    """A chapter's sandbox holds the reference of the chapters before it: with one of them still open, the
+    notebook is graded but its feedback (which shows whatever it printed) is not written until it closes."""
+    first, second = class_runs.runs
+    r = first.rows["ada"]
+    assert (r["status"], r["score"], r["withheld"], r["feedback"]) == \
+        ("graded", 3, f"feedback withheld while {EARLY} is open", None)
+    assert f"feedback withheld while {EARLY} is open" in table_row(first.table, "ada")
+    assert first.pages == {"you"}  # the loose notebook's, graded before
+    assert f"feedback withheld while {EARLY} is open" in first.index["ada"]
+
+    r = second.rows["ada"]
+    assert (r["reused"], r["withheld"]) == (True, "")
+    assert r["feedback"] and Path(r["feedback"]).is_file()
+    assert "ada" in second.pages and "withheld" not in second.index["ada"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grade.main([*class_runs.args, "--open", "no-such-chapter"]) == 2
+
+
+@pytest.mark.slow
+def test_a_kernel_that_does_not_start_is_started_again(class_runs):
+    """A run in which no cell ran is no fault of the learner's: it runs once more. A sandbox that cannot start
+    at all gets an error row with the run's log kept, and the next batch tries that submission again instead of
+    reusing the error. (The notebook runs in a judge process of its own, so the fault is a `bwrap` first on PATH
+    whose first starts run a module that does not exist: nothing runs; ``late_bwrap``.)"""
+    first, second = class_runs.runs
+    r = first.rows["restart"]
+    assert (first.starts, r["status"]) == (2, "error"), r
+    assert "did not start" in r["detail"]
+    assert "No module named autograder.no_such_module" in Path(r["log"]).read_text()
+    assert f"log: {r['log']}" in first.table
+
+    r = second.rows["restart"]  # its first start fails, the second runs it
+    assert (second.starts, r["status"], r["score"], r["reused"]) == (2, "graded", 3, False), r
+
+
+@pytest.mark.slow
+def test_reports_hold_every_result_of_the_workspace(course, class_runs):
+    """The loose notebook graded first and the class graded after it share the workspace: grades.csv and the
+    learners' pages hold both, whatever the last run graded."""
+    import csv
+
+    rows = list(csv.DictReader((course / ".grading" / "grades.csv").open()))
+    assert sorted(r["student"] for r in rows) == sorted([*CLASS, *RECEIPTS, "you"])
+    page = (course / ".grading" / "feedback" / "you" / "index.html").read_text()
+    assert CHAPTER in page and "3 / 3" in page
+
+
+@pytest.mark.slow
+def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is_released(course, class_runs,
                                                                                           tmp_path):
     """`nbgrader collect` copies whatever a learner's exchange folder holds, so the receipt beside a notebook
     (timestamp.txt, submission_secret.txt) is the learner's to write: a link to a file only the instructor may
@@ -823,53 +911,13 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
     can read but that makes no sense (the learner's clock: the year 9999, the year 1, a day of this month) is not
     taken either: the gradebook has the notebook file's time."""
     import datetime
-    import os
-    import secrets
     import subprocess
 
     from nbgrader.utils import notebook_hash
 
-    released = course / ".grading" / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-    class_dir = tmp_path / "class"
-    private = tmp_path / "instructor-only.txt"
-    private.write_text(secrets.token_hex(64))  # a valid secret: kept if the link were followed
-    private.chmod(0o600)
-    when = b"2026-11-20 10:00:00.000000 UTC"
-    good = secrets.token_hex(64).encode()
-    receipts = {
-        "good": {"timestamp.txt": when, "submission_secret.txt": good},
-        "linked": {"timestamp.txt": when, "submission_secret.txt": private},
-        "binary": {"timestamp.txt": b"next tuesday", "submission_secret.txt": b"\xff\xfe" * 64},
-        "huge": {"timestamp.txt": when, "submission_secret.txt": b"a" * 10_000_000},
-        "pipe": {"timestamp.txt": when, "submission_secret.txt": None},
-        "none": {},
-        # times nbgrader can read: far ahead, far back and a day of this month are not taken; an offset is
-        "future": {"timestamp.txt": b"9999-12-31 23:59:59.999999 UTC",
-                  "submission_secret.txt": secrets.token_hex(64).encode()},
-        "ancient": {"timestamp.txt": b"0001-01-01 00:00:00 UTC",
-                   "submission_secret.txt": secrets.token_hex(64).encode()},
-        "day-only": {"timestamp.txt": b"1", "submission_secret.txt": secrets.token_hex(64).encode()},
-        "offset": {"timestamp.txt": b"2026-11-20 10:00:00 +14:00",
-                  "submission_secret.txt": secrets.token_hex(64).encode()},
-    }
-    for student, files in receipts.items():
-        folder = class_dir / student / CHAPTER
-        folder.mkdir(parents=True)
-        nbformat.write(learner_copy(released, "return a + b\n"), folder / f"{CHAPTER}.ipynb")
-        for name, content in files.items():
-            if content is None:
-                os.mkfifo(folder / name)
-            elif isinstance(content, Path):
-                (folder / name).symlink_to(content)
-            else:
-                (folder / name).write_bytes(content)
-    workdir = tmp_path / "workspace"
-    out = tmp_path / "r.json"
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert grade.main(["--class", str(class_dir), "--course-root", str(course), "--checks", "demo_checks",
-                           "--workdir", str(workdir), "--json", str(out), "--quiet"]) == 0
-    results = {r["student"]: r for r in json.loads(out.read_text())["results"]}
-    assert {s: (r["status"], r["score"]) for s, r in results.items()} == {s: ("graded", 3) for s in receipts}
+    workdir = course / ".grading"
+    results = class_runs.runs[0].rows
+    assert {s: (results[s]["status"], results[s]["score"]) for s in RECEIPTS} == {s: ("graded", 3) for s in RECEIPTS}
     for student in ("linked", "binary", "huge", "pipe"):
         [note] = [n for n in results[student]["review"] if "receipt" in n]
         assert "submission_secret.txt: " in note and "fetch_feedback" in note, note
@@ -880,8 +928,9 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
                          ("day-only", "names no whole date")]:
         [note] = results[student]["review"]
         assert note.startswith("its exchange receipt's time is not taken (timestamp.txt: ") and why in note, note
+    good = class_runs.secrets["good"]
     kept = {p.read_bytes() for p in workdir.rglob("submission_secret.txt")}
-    assert private.read_bytes() not in kept and good in kept
+    assert class_runs.private.read_bytes() not in kept and good in kept
 
     # the instructor's next step, stock nbgrader: every learner's page is released, the good one where the
     # learner's fetch_feedback looks for it (named from the secret it keeps)
@@ -892,7 +941,8 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
                           cwd=workdir, env=workspace.nbgrader_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pages = {p.name for p in (exchange / "demo" / "feedback").iterdir()}
-    assert len(pages) == len(receipts), pages
+    assert len(pages) == len(class_runs.runs[1].pages), pages
+    assert set(RECEIPTS) <= class_runs.runs[1].pages
     assert f"{notebook_hash(secret=good.decode(), notebook_id=CHAPTER)}.html" in pages
 
     # and the formgrader (nbgrader's API behind its pages) counts every submission graded, at its receipt's time:
@@ -901,14 +951,15 @@ def test_a_receipt_not_written_by_nbgrader_is_replaced_and_the_class_feedback_is
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     view = json.loads(proc.stdout)
-    assert set(view["autograded"]) == set(receipts), view
-    assert {s: (v["score"], v["max_score"], v["autograded"]) for s, v in view["submissions"].items()} == \
-        {s: (3.0, 3.0, True) for s in receipts}, view
+    graded = {s for s, r in class_runs.runs[1].rows.items() if r["status"] == "graded"} | {"you"}
+    assert set(view["autograded"]) == graded, view
+    assert {s: (v["score"], v["max_score"], v["autograded"]) for s, v in view["submissions"].items()
+            if s in RECEIPTS} == {s: (3.0, 3.0, True) for s in RECEIPTS}, view
     assert view["submissions"]["good"]["timestamp"].startswith("2026-11-20T10:00:00"), view["submissions"]["good"]
     from nbgrader.utils import parse_utc  # each time as nbgrader itself reads the receipt (its formgrader compares)
     for student in ("future", "ancient", "day-only", "offset"):
         kept = (workdir / "submitted" / student / CHAPTER / "timestamp.txt").read_text()
-        assert (kept == receipts[student]["timestamp.txt"].decode()) == (student == "offset"), (student, kept)
+        assert (kept == RECEIPTS[student]["timestamp.txt"].decode()) == (student == "offset"), (student, kept)
         want = parse_utc(kept).isoformat()
         assert view["submissions"][student]["timestamp"] == want, (student, view["submissions"][student])
         assert want < datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(), want

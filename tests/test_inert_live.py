@@ -33,6 +33,9 @@ pytestmark = pytest.mark.slow
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT = 60  # seconds for a page or a server on a busy 2-core machine
+# Seconds, at least, that a cleaned page gets for whatever could run in it, at each step (loaded, links clicked): twice
+# what its control page, whose payloads all run, took to run them, and no less than this.
+SETTLE = 1.0
 # What a payload runs: it says so in a global of the top page, and writes ran-<name>.txt through the contents API,
 # as the instructor (the login cookie goes along; the XSRF token is read from its cookie, as Jupyter's own pages do).
 RAN = ("(top.__ran=top.__ran||[]).push('{name}');"
@@ -74,8 +77,8 @@ def learner_markdown() -> str:
 def workspace(tmp_path_factory) -> Path:
     """A workspace in which "ada" and "control" handed in the demo chapter with the payloads in a markdown cell: ada's
     notebook recorded by scoring.record (the autograded notebook the formgrader shows) and her feedback made by
-    reports.FeedbackPages; control's the same, then put back as it was before cleaning, and its feedback made from
-    that by the same nbgrader command."""
+    reports.FeedbackPages; control's recorded the same, then put back as it was before cleaning, and its feedback made
+    from that by the same nbgrader command."""
     required_tools()
     base = tmp_path_factory.mktemp("inert-live")
     course = base / "course"
@@ -83,7 +86,7 @@ def workspace(tmp_path_factory) -> Path:
     nbformat.write(demo_notebook(), course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
     ws = Workspace(base / "ws", course)
     ws.open([CHAPTER], fresh=True, verbose=False)
-    done = []
+    pages = reports.FeedbackPages(ws)
     for student in ("ada", "control"):
         nb = ws.released(CHAPTER)
         nb.cells.insert(1, nbformat.v4.new_markdown_cell(learner_markdown()))
@@ -91,16 +94,16 @@ def workspace(tmp_path_factory) -> Path:
         s = Submission(student, CHAPTER, base / f"{student}.ipynb")
         prepared = intake.sanitize(intake.read_notebook(data), ws, s)
         scoring.record(ws, s, prepared, scoring.cell_scores(prepared, {}), data)  # nothing judged: the pages matter here
-        done.append(s)
-    pages = reports.FeedbackPages(ws)
-    for s in done:
-        pages.ask(s)
-    pages.wait()
+        if student == "ada":
+            pages.ask(s)
     raw = intake.sanitize(intake.read_notebook(data), ws, s)  # control's (nbgrader's own sanitizing keeps markdown)
     nbformat.write(raw, autograded_path(ws.root, "control", CHAPTER))
-    nbformat.write(raw, ws.root / "feedback-source" / "control" / CHAPTER / f"{CHAPTER}.ipynb")
+    source = ws.root / "feedback-source" / "control" / CHAPTER / f"{CHAPTER}.ipynb"
+    source.parent.mkdir(parents=True)
+    nbformat.write(raw, source)
     [(code, output)] = ws.nbgrader().run([["generate_feedback", CHAPTER, "--force", "--student", "control",
                                             "--CourseDirectory.autograded_directory=feedback-source"]])
+    pages.wait()
     ws.close()
     assert code == 0, output
     return ws.root
@@ -132,7 +135,7 @@ def server(workspace, tmp_path_factory):
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab with the formgrader did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
+            time.sleep(0.1)
         yield url, token
     finally:
         proc.terminate()
@@ -157,14 +160,30 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
-def open_and_provoke(driver, url: str) -> tuple[set[str], str]:
-    """Load the page, let it settle, click every link of the learner's cell; (what ran, the cell's text)."""
+def ran_in(driver) -> set[str]:
+    return set(driver.execute_script("return window.__ran || []"))
+
+
+def open_and_provoke(driver, url: str, *, control: bool, settle: float = SETTLE) -> tuple[set[str], str, float]:
+    """Load the page and click every link of the learner's cell; (what ran, the cell's text, the seconds that took).
+    On a control page, whose payloads all run, it waits at each step until they have: those that fire on their own
+    (onload, onerror, ontoggle) once the page is loaded, the link's once clicked. A cleaned page, where none should run,
+    gets ``settle`` seconds at each step."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def wait(expected: set[str]) -> None:
+        if not control:
+            time.sleep(settle)
+            return
+        deadline = time.monotonic() + WAIT
+        while not expected <= ran_in(driver) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     driver.get(url)
     WebDriverWait(driver, WAIT).until(lambda d: d.execute_script("return document.readyState") == "complete")
-    time.sleep(2)  # (handlers that fire on their own: onload, onerror, ontoggle)
+    start = time.monotonic()
+    wait(set(PAYLOADS) - {"link"})
     cell = WebDriverWait(driver, WAIT).until(lambda d: next(
         (el for el in d.find_elements(By.CSS_SELECTOR, ".text_cell_render") if "Ordinary learner text" in el.text),
         False))
@@ -172,8 +191,8 @@ def open_and_provoke(driver, url: str) -> tuple[set[str], str]:
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", link)
         with contextlib.suppress(Exception):  # (a link with nothing to click on is no failure)
             link.click()
-    time.sleep(1)
-    return set(driver.execute_script("return window.__ran || []")), cell.text
+    wait(set(PAYLOADS))
+    return ran_in(driver), cell.text, time.monotonic() - start
 
 
 def written(workspace: Path) -> set[str]:
@@ -183,7 +202,7 @@ def written(workspace: Path) -> set[str]:
 def wait_for_files(workspace: Path, names: set[str]) -> set[str]:
     deadline = time.monotonic() + 20
     while written(workspace) != names and time.monotonic() < deadline:
-        time.sleep(0.25)
+        time.sleep(0.05)
     return written(workspace)
 
 
@@ -202,26 +221,30 @@ def test_the_formgrader_runs_nothing_a_learner_wrote(workspace, server, browser)
     with Gradebook(f"sqlite:///{workspace / 'gradebook.db'}") as gb:
         ids = {s: gb.find_submission_notebook(CHAPTER, CHAPTER, s).id for s in ("ada", "control")}
 
-    ran, _ = open_and_provoke(browser, f"{url}/formgrader/submissions/{ids['control']}/")
+    ran, _, took = open_and_provoke(browser, f"{url}/formgrader/submissions/{ids['control']}/", control=True)
     assert ran == set(PAYLOADS), "every payload runs in the formgrader when the markdown is kept as it is"
+    start = time.monotonic()
     assert wait_for_files(workspace, {f"ran-{n}.txt" for n in PAYLOADS}) == {f"ran-{n}.txt" for n in PAYLOADS}, \
         "and writes into the course folder as the instructor"
+    settle = max(SETTLE, 2 * took, 2 * (time.monotonic() - start))
     for path in workspace.glob("ran-*.txt"):
         path.unlink()
 
-    ran, shown = open_and_provoke(browser, f"{url}/formgrader/submissions/{ids['ada']}/")
+    ran, shown, _ = open_and_provoke(browser, f"{url}/formgrader/submissions/{ids['ada']}/", control=False,
+                                     settle=settle)
     assert browser.find_elements(By.CSS_SELECTOR, "input.score"), "this is the formgrader's grading page"
     assert ran == set()
     assert ORDINARY_SHOWN in shown
-    time.sleep(3)
+    time.sleep(settle)
     assert written(workspace) == set()
 
 
 def test_the_feedback_page_runs_nothing_a_learner_wrote(workspace, browser):
     page = workspace / "feedback" / "{}" / CHAPTER / f"{CHAPTER}.html"
-    ran, _ = open_and_provoke(browser, Path(str(page).format("control")).as_uri())
+    ran, _, took = open_and_provoke(browser, Path(str(page).format("control")).as_uri(), control=True)
     assert ran == set(PAYLOADS), "every payload runs in nbgrader's feedback page when the markdown is kept as it is"
-    ran, shown = open_and_provoke(browser, Path(str(page).format("ada")).as_uri())
+    ran, shown, _ = open_and_provoke(browser, Path(str(page).format("ada")).as_uri(), control=False,
+                                     settle=max(SETTLE, 2 * took))
     assert ran == set()
     assert ORDINARY_SHOWN in shown
 

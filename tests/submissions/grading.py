@@ -22,12 +22,15 @@ chapter stays one file (pytest-xdist `--dist loadfile` spreads the chapters over
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
 import os
 import select
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,9 +109,7 @@ class WarmKernel:
 
     def start(self) -> None:
         with open(self.folder / "kernel.log", "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, str(KERNEL), self.config], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, env=self.environment(), cwd=self.folder,
-                                         text=True)
+            self.proc = Zygote.of(self.path, self.environment()).fork(self.config, self.environment(), self.folder, log)
         ready = self._answer(120)
         assert ready == {"ready": True}, f"the warm kernel of {self.chapter} did not start: {ready}\n{self.log()}"
 
@@ -164,6 +165,86 @@ class WarmKernel:
             self.proc.stdin.close()
             self.proc.stdout.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Zygote:
+    """Where this process's warm kernels of one kernel path start (``kernel.py --zygote``): a process that has imported
+    torch and IPython and forks a kernel for each ``fork``, in a tenth of a second where a new interpreter takes two.
+    One a kernel path, for the life of this process."""
+
+    started: dict[tuple[str, int] | None, "Zygote"] = {}
+
+    @classmethod
+    def of(cls, path: tuple[str, int] | None, env: dict[str, str]) -> "Zygote":
+        """The zygote of ``path``, started (with the kernels' environment ``env``) if it is not running."""
+        zygote = cls.started.get(path)
+        if zygote is None or zygote.proc.poll() is not None:
+            zygote = cls.started[path] = cls(env)
+        return zygote
+
+    def __init__(self, env: dict[str, str]):
+        self.folder = Path(tempfile.mkdtemp(prefix="mg-zygote-"))
+        self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.channel.settimeout(120)  # its first fork waits for its imports
+        with theirs, open(self.folder / "zygote.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, str(KERNEL), "--zygote", str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=log, env={**env, "HOME": str(self.folder)},
+                                         cwd=self.folder)
+        atexit.register(self.close)
+
+    def fork(self, config: str, env: dict[str, str], cwd: Path, log) -> "Forked":
+        """A kernel (``kernel.py``'s ``main(config)``) in the environment ``env`` and the working folder ``cwd``, its
+        stderr going to the file ``log``."""
+        kernel_in, to_kernel = os.pipe()
+        from_kernel, kernel_out = os.pipe()
+        try:
+            socket.send_fds(self.channel, [json.dumps({"config": config, "env": env, "cwd": str(cwd)}).encode()],
+                            [kernel_in, kernel_out, log.fileno()])
+            answer = self.channel.recv(1024)
+        finally:
+            os.close(kernel_in)
+            os.close(kernel_out)
+        assert answer, "the kernels' zygote has gone:\n" + workspace.log_tail(
+            (self.folder / "zygote.log").read_text(errors="replace"), 25)
+        return Forked(json.loads(answer)["pid"], os.fdopen(to_kernel, "w", encoding="utf-8"),
+                      os.fdopen(from_kernel, "r", encoding="utf-8"))
+
+    def close(self) -> None:
+        self.channel.close()  # the zygote ends when it reads that
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Forked:
+    """A kernel forked by a ``Zygote``, with what ``WarmKernel`` uses of a ``subprocess.Popen``: its pipes, ``poll``,
+    ``kill`` and ``wait``. It is the zygote's child, not this process's: watched through a pidfd."""
+
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self._pidfd: int | None = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        """None while it runs (its exit status is the zygote's to read: 0 once it has ended)."""
+        if self._pidfd is not None and not select.select([self._pidfd], [], [], 0)[0]:
+            return None
+        self.wait()
+        return 0
+
+    def kill(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def wait(self) -> int:
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [])
+            os.close(self._pidfd)
+            self._pidfd = None
+        return 0
 
 
 def learner_errors(autograded: nbformat.NotebookNode) -> list[str]:

@@ -63,6 +63,17 @@ def _reference_with(source: str, after: str = "imports") -> Callable[[], str]:
     return lambda: _text(_with_cell(_reference(), source, after))
 
 
+def _reference_ending_with(*sources: str) -> Callable[[], str]:
+    """The right answers, then a cell of the learner's own for each of ``sources`` (read-only probes, each with its
+    own cell's time limit: one notebook run for several)."""
+    def build():
+        nb = _reference()
+        for source in sources:
+            _with_cell(nb, source, after="")
+        return _text(nb)
+    return build
+
+
 def _untouched_with(*sources: str) -> Callable[[], str]:
     def build():
         nb = learner_notebook(CHAPTER, None)
@@ -112,7 +123,8 @@ MEMORY_BOMB = "hog = 'x' * 10**11  # 100 GB\n"
 SYS_EXIT = "import sys\nsys.exit('done here')\n"
 OS_EXIT = "import os\nos._exit(0)\n"
 SEGFAULT = "import ctypes\nctypes.string_at(0)  # reads address 0: the kernel crashes\n"
-FLOOD = "print('x' * 5_000_000)\nfor i in range(200_000):\n    print(i)\n"
+# 5 MB in one line, then 108,890 characters in 20,000 lines (past one output's cut too; 200,000 lines cost 8 s more)
+FLOOD = "print('x' * 5_000_000)\nfor i in range(20_000):\n    print(i)\n"
 
 
 def _edited_test() -> str:
@@ -381,7 +393,10 @@ def everywhere(pattern):
             if folder == "/":
                 dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
             _files.extend(os.path.join(folder, f) for f in files)
-    return [path for path in _files if fnmatch.fnmatch(path, pattern)]
+    # fnmatch only on the paths that hold the pattern's longest literal part (the patterns here have no ? or [...]):
+    # fnmatch on all 240,000 paths took 0.4 s a pattern
+    part = max(pattern.split("*"), key=len)
+    return [path for path in _files if part in path and fnmatch.fnmatch(path, pattern)]
 '''
 SNOOP = EVERYWHERE + r'''
 import json, os, pathlib, sqlite3
@@ -490,7 +505,7 @@ for _ in range(3):  # three processes of 2 GiB each: more than the notebook's me
         hog = bytearray(2 * 1024**3)
         for i in range(0, len(hog), 4096):
             hog[i] = 1
-        time.sleep(5)
+        time.sleep(1)  # held while the others fill theirs (they fill at the same time: 4 GiB is passed before)
         os._exit(0)
     children.append(pid)
 killed = [os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children]
@@ -531,24 +546,20 @@ for host, port in (("127.0.0.1", {port}), ("10.0.0.1", 80), ("pypi.org", 443)):
 '''
 
 
-def network_probe(port: int) -> Callable[[], str]:
-    """The network probe, aimed also at a server the test listens with on this machine's loopback."""
-    return _reference_with(NETWORK.replace("{port}", str(port)), after="")
-
-
 DASK = r'''
 try:  # the grader's Dask scheduler runs any task a client sends: the workers hold the checks' answers
     from distributed import Client
-    client = Client("{address}", timeout=5, set_as_default=False)
+    client = Client("{address}", timeout=3, set_as_default=False)
     print("PROBE dask: connected", client.run(lambda: "ran on a worker"))
 except Exception as err:
     print("PROBE dask: blocked", type(err).__name__)
 '''
 
 
-def dask_probe(address: str) -> Callable[[], str]:
-    """A notebook that tries to reach the Dask scheduler grading it (address: the scheduler's) as a client."""
-    return _reference_with(DASK.replace("{address}", address), after="")
+def network_probe(port: int, scheduler: str) -> Callable[[], str]:
+    """The network probe, aimed also at a server the test listens with on this machine's loopback (``port``), then a
+    cell that tries to reach the Dask scheduler grading the notebook (``scheduler``: its address) as its client."""
+    return _reference_ending_with(NETWORK.replace("{port}", str(port)), DASK.replace("{address}", scheduler))
 
 
 HOSTILE = [
@@ -609,17 +620,20 @@ HOSTILE = [
     Hostile("print-history", "prints IPython's In and Out at the end", _reference_with(PRINT_HISTORY, "")),
     Hostile("raise-frames", "bpe_merge raises an error that carries its callers' source",
             _wrong_with(RAISE_FRAMES, "bpe_merge")),
-    Hostile("environment", "prints its environment, user and processes", _reference_with(ENV, "")),
+    Hostile("environment", "prints its environment, user and processes; looks for other kernels' connection files",
+            _reference_ending_with(ENV, OTHER_KERNELS)),
     # tampering with the course, the class and the grader
     Hostile("tamper", "appends to or deletes checks, notebooks, results and gradebooks it finds",
             _reference_with(TAMPER_FILES)),
     Hostile("signals", "SIGSTOP to its parent, to process 1 and to everything, then SIGKILL to everything",
             _reference_with(SIGNALS, "")),
-    Hostile("other-kernels", "looks for other kernels' connection files", _reference_with(OTHER_KERNELS, "")),
-    Hostile("survivor", "leaves a process behind that outlives its kernel", _reference_with(SURVIVOR, "")),
-    Hostile("memory-forks", "three processes of 2 GiB each", _reference_with(MEMORY_FORKS, "")),
+    # (a cell each, at the end of one notebook: none needs what an earlier one took, and one run costs the batch 6 s;
+    # the memory forks end the kernel, so they come last)
+    Hostile("resources", "writes 10 GiB to its folder and to /tmp, leaves a process behind that outlives its kernel, "
+            "then forks three processes of 2 GiB each",
+            _reference_ending_with(DISK_FILL, SURVIVOR, MEMORY_FORKS)),
+    # (alone: its children hold every process the notebook may have for 20 s, and no cell after it could fork)
     Hostile("fork-bomb", "forks until it cannot", _reference_with(FORK_BOMB, "")),
-    Hostile("disk-fill", "writes 10 GiB to its folder and to /tmp", _reference_with(DISK_FILL, "")),
 ]
 
 
