@@ -497,19 +497,28 @@ if os.fork() == 0:
 print("PROBE survivor: started")
 '''
 MEMORY_FORKS = r'''
-import os, time
-children = []
+import os
+hold_r, hold_w = os.pipe()  # each child keeps its 2 GiB until this closes: together, whatever the machine's speed
+children, filled = [], []
 for _ in range(3):  # three processes of 2 GiB each: more than the notebook's memory altogether
+    done_r, done_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(hold_w)
+        os.close(done_r)
         hog = bytearray(2 * 1024**3)
         for i in range(0, len(hog), 4096):
             hog[i] = 1
-        time.sleep(1)  # held while the others fill theirs (they fill at the same time: 4 GiB is passed before)
+        os.write(done_w, b"x")
+        os.read(hold_r, 1)
         os._exit(0)
+    os.close(done_w)
     children.append(pid)
+    filled.append(done_r)
+held = sum(len(os.read(r, 1)) for r in filled)  # a child killed before it filled its share reads as 0
+os.close(hold_w)
 killed = [os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children]
-print("PROBE memory-forks:", "killed" if any(killed) else "survived")
+print("PROBE memory-forks:", "killed" if any(killed) else "survived", f"({held} of 3 held 2 GiB at once)")
 '''
 FORK_BOMB = r'''
 import os
