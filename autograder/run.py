@@ -165,18 +165,25 @@ def fork_server(chapters=(), load=None):
     return _context
 
 
-def load_checks(chapters) -> None:
-    """Import the checks of ``chapters`` (those of the course), and Hugging Face's models if any of their modules
-    mention transformers: at once, here, since its lazy imports race in a judge's threads."""
+def _checks_modules(chapters) -> list:
+    """The modules of the checks of ``chapters`` (those of the course), imported."""
     from autograder import judge
     from minigpt import CHAPTERS
 
-    sources = []
+    found = []
     for chapter in chapters:
         if chapter in CHAPTERS:
             judge.checks(chapter)
-            sources.append(Path(sys.modules[f"autograder.checks.{CHAPTERS[chapter]}"].__file__).read_text())
-    if any("transformers" in source for source in sources):
+            found.append(sys.modules[f"autograder.checks.{CHAPTERS[chapter]}"])
+    return found
+
+
+def load_checks(chapters) -> None:
+    """Import the checks of ``chapters``, and Hugging Face's models if any of their modules mention transformers: at
+    once, here, since its lazy imports race in a judge's threads (loaded already in a fork server that needed it)."""
+    modules = _checks_modules(chapters)
+    loaded = "transformers.models.gpt2.modeling_gpt2" in sys.modules
+    if not loaded and any("transformers" in Path(module.__file__).read_text() for module in modules):
         import transformers
 
         transformers.GPT2LMHeadModel  # noqa: B018 (it loads its parts lazily: load the ones the checks use)
@@ -186,17 +193,7 @@ def warm_ups(chapters) -> list:
     """The ``warm_up`` of each of ``chapters`` whose checks have one, for the fork server (``warm.py``): the chapter's
     own module's, not that of every module ``judge.checks`` lists (the cells of every chapter loaded so far, whose
     warm-ups, 23 s for chapters 9 and 10, a batch of other chapters never uses)."""
-    from autograder import judge
-    from minigpt import CHAPTERS
-
-    found = []
-    for chapter in chapters:
-        if chapter in CHAPTERS:
-            judge.checks(chapter)
-            module = sys.modules[f"autograder.checks.{CHAPTERS[chapter]}"]
-            if hasattr(module, "warm_up"):
-                found.append(module.warm_up)
-    return found
+    return [module.warm_up for module in _checks_modules(chapters) if hasattr(module, "warm_up")]
 
 
 def run_one(chapter: str, nb: nbformat.NotebookNode, limits, sandboxed: bool, threads: int = 1,

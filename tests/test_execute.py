@@ -4,6 +4,7 @@ counts)."""
 from __future__ import annotations
 
 import copy
+import os
 
 import nbformat
 from nbclient import NotebookClient
@@ -100,3 +101,21 @@ def test_the_fork_server_computes_ahead_the_answers_of_the_batchs_chapters_only(
         judge.checks(chapter)
     assert warm_ups(["01-tokens", "08-training"]) == []
     assert warm_ups(["10-batching", "09-constrained", "11-capstone"]) == [batching.warm_up, constrained.warm_up]
+
+
+def test_a_fork_server_of_chapter_1_loads_no_transformers_and_a_judge_loads_what_it_lacks():
+    """``warm.py`` with the batch's chapters (``run.LOAD_ENV``, as ``grade`` starts it): chapter 1's checks need
+    neither Hugging Face's transformers nor its GPT-2 (4 s of imports); a judge of a chapter whose checks use them,
+    forked from that fork server (a later batch's chapter), loads them itself (``run.load_checks``)."""
+    import subprocess
+    import sys
+
+    from autograder.run import LOAD_ENV
+
+    probe = ("import sys\nimport autograder.warm\nprint('transformers' in sys.modules)\n"
+             "from autograder.run import load_checks\nload_checks(['05-generation'])\n"
+             "print('transformers.models.gpt2.modeling_gpt2' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, LOAD_ENV: "01-tokens"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"], out.stdout

@@ -38,6 +38,18 @@ def once(fn):
     return computed_once
 
 
+_BY_KEY: dict = {}
+
+
+def once_by(key, compute):
+    """``compute()``, computed once for ``key`` (standing for arguments that cannot be a cache's key, such as tensors),
+    by one thread at a time, as ``once``."""
+    with _ORACLE:
+        if key not in _BY_KEY:
+            _BY_KEY[key] = compute()
+        return _BY_KEY[key]
+
+
 def gap(got, want) -> str:
     """How a tensor ``got`` differs from ``want`` of the same shape, to follow "differs from ..." in the message of a
     failed ``coursekit.testing.close``: "by up to 3.1e-04 (at index (0, 5): 0.1234, expected 0.1237)". A NaN or an

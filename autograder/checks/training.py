@@ -17,7 +17,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import gap
+from autograder.checks import gap, once_by
 from autograder.sandboxed.helpers import training as recipes
 from autograder.judge import ask, because_of, cell, learner_side, make, part, seeded, serve_function, type_of
 from coursekit.testing import call, close, expect_raises, fail, show
@@ -449,16 +449,8 @@ STEP_WEIGHTS_ATOL = 1e-5
 def _reference_steps(seed, batches, lr, clip):
     """(the reference's loss of each step, its weights after them) on the tiny GPT of ``seed``: a copy of what is
     computed once for each case in this process (every notebook's check asks the same)."""
-    key = (seed, lr, clip, tuple((x.numpy().tobytes(), y.numpy().tobytes()) for x, y in batches))
-    with _ONCE:
-        if key not in _STEPPED:
-            _STEPPED[key] = _run_reference_steps(seed, batches, lr, clip)
-        return copy.deepcopy(_STEPPED[key])
-
-
-_ONCE = threading.Lock()  # the reference's runs below: each computed once, by one thread
-_STEPPED: dict[tuple, tuple] = {}
-_TRAINED: dict[str, tuple] = {}
+    key = ("steps", seed, lr, clip, tuple((x.numpy().tobytes(), y.numpy().tobytes()) for x, y in batches))
+    return copy.deepcopy(once_by(key, lambda: _run_reference_steps(seed, batches, lr, clip)))
 
 
 def _run_reference_steps(seed, batches, lr, clip):
@@ -641,11 +633,8 @@ def check_train(train):
 def _reference_train(case) -> tuple[dict, object]:
     """The reference's log of a TRAIN_CASES case, and the recorder it called (None when the case gives none): a copy of
     what is computed once for each case in this process (every notebook's check asks the same)."""
-    key = repr(case)  # a case holds dicts: its repr is its key (plain numbers, strings and None)
-    with _ONCE:
-        if key not in _TRAINED:
-            _TRAINED[key] = _run_reference_train(case)
-        return copy.deepcopy(_TRAINED[key])
+    # a case holds dicts: its repr is its key (plain numbers, strings and None)
+    return copy.deepcopy(once_by(("train", repr(case)), lambda: _run_reference_train(case)))
 
 
 def _run_reference_train(case) -> tuple[dict, object]:
