@@ -35,7 +35,7 @@ CHAPTER = hostile.CHAPTER
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_TESTS = {"test_encode_ordinary", "test_special_tokens", "test_decode", "test_matches_tiktoken"}
 CHEATS = ["eq-list", "patch-helpers", "input-transformer", "ast-transformer", "meta-path", "repatch-thread",
-          "frame-walk", "forge", "expect-ok", "forge-scores", "surrogate"]
+          "frame-walk", "forge", "expect-ok", "forge-scores", "surrogate", "forged-answers"]
 # Text of the checks and the judge that learners must never see (in a message, an output or a feedback page).
 SECRETS = ["_MERGE_MISTAKES", "def check_bpe_merge", "HIDDEN_TEXTS", "def judge(", "_first_wrong_piece",
            "class RunJudge"]
@@ -294,7 +294,8 @@ def test_a_cheat_gets_at_most_what_its_wrong_code_deserves(batch, student):
     assert set(lost_cells(cheat)) >= set(lost_cells(wrong)), student
 
 
-@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "frame-walk", "forge", "expect-ok", "forge-scores"])
+@pytest.mark.parametrize("student", ["eq-list", "patch-helpers", "frame-walk", "forge", "expect-ok", "forge-scores",
+                                     "forged-answers"])
 def test_cheats_that_leave_the_hidden_tests_running_get_exactly_what_the_wrong_code_gets(batch, student):
     assert result(batch, student).score == result(batch, "wrong").score
     assert "returned [b'ab', b'c'], expected [b'a', b'bc']" in lost_cells(result(batch, student))["test_bpe_merge"]
@@ -666,6 +667,6 @@ def test_importing_the_reference_is_refused_with_a_reason(batch):
 
 
 def test_code_that_reaches_for_the_grader_is_listed_for_review(batch):
-    for student in ("meta-path", "input-transformer", "forge", "signals", "snoop"):
+    for student in ("meta-path", "input-transformer", "forge", "signals", "snoop", "forged-answers"):
         assert result(batch, student).review, student
     assert result(batch, "reference").review == []

@@ -174,6 +174,15 @@ coursekit.testing.fail = lambda *args, **kwargs: None  # every failure is forgiv
 torch.allclose = lambda *args, **kwargs: True
 torch.equal = lambda *args, **kwargs: True
 """
+# The judge asks bpe_merge's answers on the pieces of real text in one request (the helper tokens.answers, run on the
+# learner's side): replaced, it answers with tiktoken's own pieces, and one more than asked.
+FORGED_ANSWERS = """\
+import coursekit
+import autograder.sandboxed.helpers.tokens as _helpers
+_enc = coursekit.gpt2_encoding()
+_helpers.answers = lambda fn, inputs, *args: [
+    [_enc.decode_single_token_bytes(t) for t in _enc.encode_ordinary(x.decode("utf-8"))] for x in inputs] + [[b"x"]]
+"""
 INPUT_TRANSFORMER = """\
 def _no_hidden_tests(lines):
     return [line for line in lines if "check(" not in line]
@@ -591,6 +600,8 @@ HOSTILE = [
     # points for wrong code (each on the wrong bpe_merge: it must score what that scores alone)
     Hostile("eq-list", "bpe_merge returns a list that says it equals anything", _wrong_with(EQ_LIST, "bpe_merge")),
     Hostile("patch-helpers", "coursekit.testing.fail and torch.allclose replaced by no-ops", _wrong_with(PATCH_HELPERS)),
+    Hostile("forged-answers", "the learner-side helper that answers bpe_merge's pieces in one request replaced: "
+            "tiktoken's pieces, one more than asked", _wrong_with(FORGED_ANSWERS)),
     Hostile("input-transformer", "an IPython input transformer that deletes the hidden tests",
             _wrong_with(INPUT_TRANSFORMER)),
     Hostile("ast-transformer", "an AST transformer that turns the hidden tests into `pass`",
