@@ -1,10 +1,10 @@
 """minigpt-grade, end to end, on every chapter in one batch, against the warm kernel's grading of the same notebooks.
 
 The chapters' tests (tests/test_chapterNN_grading.py) grade every mutant and variant in a warm learner-side process
-through the real judge (tests/submissions/grading.py): no sandbox, no nbgrader, no new kernel per notebook. Here three
+through the real judge (tests/submissions/grading.py): no sandbox, no nbgrader, no new kernel per notebook. Here two
 notebooks of every chapter go through the real ``minigpt-grade`` path (``grade.grade``: intake, nbgrader's
 preprocessors, a sandboxed kernel per notebook, a judge process each, the gradebook, feedback), in one class folder
-graded as one batch, so that nbgrader's start-up is paid once: the reference, the untouched release and a mistake (the
+graded as one batch, so that nbgrader's start-up is paid once: the reference and a mistake (the
 chapter's first that loses points in two cells or more). Each must meet the chapter's
 expectations, and get, cell for cell, the same scores and messages from the warm kernel: what lets the chapters'
 tests stand for the grader. The warm kernel's results are those the chapters' tests left in this run
@@ -20,10 +20,8 @@ import nbformat
 import pytest
 
 from autograder import base, grade, intake, workspace
-from autograder.run import judged_cells
 from minigpt import CHAPTERS as MODULES
-from submissions import graded_notebook, learner_notebook
-from submissions.grading import (BATCH_STUDENTS, batch_cases, expect_mutant, expect_reference, expect_untouched,
+from submissions.grading import (BATCH_STUDENTS, batch_cases, expect_mutant, expect_reference,
                                  judge_submission, learner_errors, shared_warm, submission, summary,
                                  warm_kernel)
 
@@ -39,12 +37,8 @@ def chapter_module(chapter: str):
 
 
 def cases(chapter: str) -> dict:
-    """{student: case} of one chapter: what each of the three students hands in."""
+    """{student: case} of one chapter: what each of the two students hands in."""
     return batch_cases(chapter_module(chapter))
-
-
-def judged_test_cells(chapter: str) -> list[str]:
-    return judged_cells(graded_notebook(learner_notebook(chapter, None), chapter))
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +74,6 @@ def test_the_grader_meets_the_chapters_expectations(batch, chapter):
     graded = {student: batch[student, chapter] for student in STUDENTS}
     chosen = cases(chapter)
     expect_reference(graded["reference"])
-    expect_untouched(graded["untouched"], judged_test_cells(chapter))
     expect_mutant(graded["mistake"], chosen["mistake"])
 
 

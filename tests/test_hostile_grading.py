@@ -59,13 +59,16 @@ def course_files() -> dict[str, str]:
 # run (issue 25's note: 10 s failed test_tampering_reaches_nothing_outside_the_sandbox once), and 12 s is within
 # what a full suite's load makes of them.
 CELL_TIMEOUT = 20
+# Half of minigpt-grade's 4 GiB: the memory probe (hostile.MEMORY_FORKS) reaches the cap in half the CPU time; a
+# chapter 1 kernel needs about 0.3 GiB.
+MEMORY = "2G"
 
 
 def grade_class(class_dir: Path, workdir: Path, *options: str) -> tuple[int, dict[str, base.Result], str]:
     out = workdir.parent / "results.json"
     with contextlib.redirect_stdout(io.StringIO()) as table:
         code = grade.main(["--class", str(class_dir), "--chapter", CHAPTER, "--workdir", str(workdir),
-                           "--cell-timeout", str(CELL_TIMEOUT), "--timeout", "150", "--json", str(out), "--quiet",
+                           "--cell-timeout", str(CELL_TIMEOUT), "--memory", MEMORY, "--timeout", "150", "--json", str(out), "--quiet",
                            *options])
     results = {r["student"]: base.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
     return code, results, table.getvalue()

@@ -107,7 +107,10 @@ def _not_the_course_notebook() -> str:
 def _infinite_loop() -> str:
     nb = _reference()
     cell = _cell(nb, "tokenizer")
-    cell.source = "while True:  # never ends: the cell is interrupted at the cell time limit\n    pass\n" + cell.source
+    # (it waits rather than spins, as DEAF_LOOP does: the interrupt ends it the same way, and it takes no core from the
+    # notebooks graded beside it for 20 s, which under a whole suite's load starved the memory probe)
+    cell.source = ("import time\nwhile True:  # never ends: the cell is interrupted at the cell time limit\n"
+                   "    time.sleep(0.05)\n" + cell.source)
     return _text(nb)
 
 
@@ -505,19 +508,21 @@ if os.fork() == 0:
     os._exit(0)
 print("PROBE survivor: started")
 '''
+# The hostile batch grades with 2 GiB a notebook (tests/test_hostile_grading.py: MEMORY), so that the probe reaches the
+# cap after 2 GiB of pages, not 4: under a whole suite's load a notebook's share of the CPU was a quarter of a core, and
+# writing 4 GiB of pages (about a CPU-second a GiB here, the kernel's zeroing) took the cell past its time limit before
+# the cap struck. The kernel fills each child's pages at once (MAP_POPULATE): no Python loop over them.
 MEMORY_FORKS = r'''
-import os
-hold_r, hold_w = os.pipe()  # each child keeps its 2 GiB until this closes: together, whatever the machine's speed
+import mmap, os
+hold_r, hold_w = os.pipe()  # each child keeps its 1 GiB until this closes: together, whatever the machine's speed
 children, filled = [], []
-for _ in range(3):  # three processes of 2 GiB each: more than the notebook's memory altogether
+for _ in range(3):  # three processes of 1 GiB each: beside the kernel, more than the notebook's 2 GiB altogether
     done_r, done_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(hold_w)
         os.close(done_r)
-        hog = bytearray(2 * 1024**3)
-        for i in range(0, len(hog), 4096):
-            hog[i] = 1
+        hog = mmap.mmap(-1, 1024**3, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
         os.write(done_w, b"x")
         os.read(hold_r, 1)
         os._exit(0)
@@ -527,7 +532,7 @@ for _ in range(3):  # three processes of 2 GiB each: more than the notebook's me
 held = sum(len(os.read(r, 1)) for r in filled)  # a child killed before it filled its share reads as 0
 os.close(hold_w)
 killed = [os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in children]
-print("PROBE memory-forks:", "killed" if any(killed) else "survived", f"({held} of 3 held 2 GiB at once)")
+print("PROBE memory-forks:", "killed" if any(killed) else "survived", f"({held} of 3 held 1 GiB at once)")
 '''
 FORK_BOMB = r'''
 import os
@@ -650,7 +655,7 @@ HOSTILE = [
     # (a cell each, at the end of one notebook: none needs what an earlier one took, and one run costs the batch 6 s;
     # the memory forks end the kernel, so they come last)
     Hostile("resources", "writes 10 GiB to its folder and to /tmp, leaves a process behind that outlives its kernel, "
-            "then forks three processes of 2 GiB each",
+            "then forks three processes of 1 GiB each (the batch gives a notebook 2 GiB)",
             _reference_ending_with(DISK_FILL, SURVIVOR, MEMORY_FORKS)),
     # (alone: its children hold every process the notebook may have for 20 s, and no cell after it could fork)
     Hostile("fork-bomb", "forks until it cannot", _reference_with(FORK_BOMB, "")),
