@@ -225,6 +225,17 @@ def test_chapter_math_is_typeset_offline(site, dom, page):
     assert "<mjx-merror" not in page_dom.html, f"{page}: MathJax reports a TeX error"
 
 
+def test_no_page_shows_the_repr_of_an_object(site):
+    """A cell whose last line returns an object (``fig.legend(...)``) prints ``<matplotlib.legend.Legend at 0x7f...>``
+    under its figure: the reader sees Python's bookkeeping, not the page's."""
+    shown = {}
+    for page in ALL_PAGES:
+        text = html.unescape(re.sub(r"<[^>]+>", "", (site / f"{page}.html").read_text(encoding="utf-8")))
+        if found := re.findall(r"<[\w.]+(?: object)? at 0x[0-9a-f]+>", text):
+            shown[page] = found
+    assert shown == {}, shown
+
+
 @pytest.mark.parametrize("page", CHAPTERS)
 def test_chapter_exercise_links_open_existing_notebooks(site, dom, page):
     for link in dom(page).find("a", "binder-exercise-link"):
