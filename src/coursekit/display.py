@@ -6,11 +6,12 @@ import html
 _COLOURS = ["#cfe8ff", "#ffe0b3", "#d7f5d0", "#f9d0e4", "#e6dcff"]
 
 
-def tokens_html(pieces: list[str] | list[bytes], ids: list[int] | None = None):
+def tokens_html(pieces: list[str] | list[bytes], ids: list[int] | None = None, unit: str = "tokens"):
     """Show each piece on its own coloured background, with spaces and newlines made visible.
 
     Pass ``ids`` to show each token's id when the mouse rests on it. Bytes that are not whole UTF-8
-    characters are shown as escapes such as ``\\xf0``.
+    characters are shown as escapes such as ``\\xf0``. ``unit``: what the count under the strip calls the pieces
+    ("pieces" for a pre-split text, which is not tokens yet).
     """
     from IPython.display import HTML
 
@@ -25,4 +26,4 @@ def tokens_html(pieces: list[str] | list[bytes], ids: list[int] | None = None):
     # A dot replaces each space, so the line has no break of its own: <wbr> lets it wrap between tokens, and
     # overflow-wrap inside a token longer than the line.
     return HTML('<div class="token-strip" style="font-family:monospace;line-height:1.9;white-space:pre-wrap;overflow-wrap:anywhere">'
-                + "<wbr>".join(spans) + f'</div><div style="font-size:85%;color:#555">{len(pieces)} tokens</div>')
+                + "<wbr>".join(spans) + f'</div><div style="font-size:85%;color:#555">{len(pieces)} {html.escape(unit)}</div>')
