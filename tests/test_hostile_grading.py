@@ -68,8 +68,8 @@ def grade_class(class_dir: Path, workdir: Path, *options: str) -> tuple[int, dic
     out = workdir.parent / "results.json"
     with contextlib.redirect_stdout(io.StringIO()) as table:
         code = grade.main(["--class", str(class_dir), "--chapter", CHAPTER, "--workdir", str(workdir),
-                           "--cell-timeout", str(CELL_TIMEOUT), "--memory", MEMORY, "--timeout", "150", "--json", str(out), "--quiet",
-                           *options])
+                           "--cell-timeout", str(CELL_TIMEOUT), "--memory", MEMORY, "--timeout", "150",
+                           "--json", str(out), "--quiet", *options])
     results = {r["student"]: base.Result.from_dict(r) for r in json.loads(out.read_text())["results"]}
     return code, results, table.getvalue()
 

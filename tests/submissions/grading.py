@@ -11,7 +11,7 @@ real judge (``autograder.judge.RunJudge``) through the real wire; the grader's o
 cells' errors into the autograded notebook, scores and messages (``executed_outputs``, ``scoring.assemble``,
 ``scoring.cell_scores``). `tests/test_grading_batch.py` grades two submissions of every chapter through the real
 ``minigpt-grade`` as well, in one batch, and checks that both ways give the same scores and messages (the chapters'
-tests leave it their results of those four: ``share_warm``). The reference's run also measures which arguments the
+tests leave it their results of those two: ``share_warm``). The reference's run also measures which arguments the
 hidden cases give each function the learner writes (``coverage``): every parameter given another value than its
 default and left out, or excused in the chapter's test file with its reason.
 
@@ -374,9 +374,9 @@ def naming(where: str):
 
 # A different correct answer is not among them: what the batch shows is that the warm kernel grades as minigpt-grade
 # does (full marks, none, points lost with their messages), and the chapters' tests grade every variant.
-# Not the untouched release: it costs the batch what a reference does (the sandbox, a kernel, torch imported: 6 to 9 s of
-# 17 notebook-seconds a chapter), and what its grading takes beyond a mistake's (every solution cell raising) the hostile
-# batch grades end to end (tests/test_hostile_grading.py, chapter 1) and the chapters' tests in the warm kernel.
+# Not the untouched release: a sandboxed notebook's cost is its start (sandbox, kernel, torch), so it cost the batch what
+# a reference does (83 of its 293 notebook-seconds on 2026-12-07); what its grading does beyond a mistake's (every
+# solution cell raising) the hostile batch grades end to end (chapter 1) and each chapter's tests in the warm kernel.
 BATCH_STUDENTS = ("reference", "mistake")
 
 
